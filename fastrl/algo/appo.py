@@ -1,0 +1,91 @@
+"""One APPO optimisation pass over a batch of trajectories: V-trace targets, loss, Adam step.
+
+Knows nothing of processes or shared memory: it takes a time-major batch of tensors and a
+callback to publish weights after each optimizer step, so it can be tested in-process.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from fastrl.algo.appo_loss import appo_loss
+from fastrl.algo.vtrace import vtrace
+from fastrl.config.schema import AlgoConfig
+from fastrl.models import ActorCritic
+
+BATCH_KEYS = ("obs", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "valid", "policy_version")
+
+
+class APPOTrainer:
+    def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int):
+        self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _minibatch_loss(self, mb: dict):
+        cfg = self.cfg
+        obs = mb["obs"]
+        T1, B = obs.shape[:2]
+        params, values = self.model(obs.reshape(T1 * B, *obs.shape[2:]))
+        params = params.reshape(T1, B, *params.shape[1:])[:-1]
+        values = values.reshape(T1, B)
+        new_log_probs = self.model.log_prob(params, mb["actions"])
+        entropy = self.model.entropy(params)
+        targets = vtrace(new_log_probs.detach() - mb["log_probs"], mb["rewards"], values.detach(),
+                         mb["terminated"], mb["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda)
+        return appo_loss(new_log_probs, mb["log_probs"], entropy, values[:-1], mb["values"], targets.vs,
+                         targets.pg_advantages, mb["train_mask"], cfg.clip_ratio, cfg.value_coef,
+                         cfg.entropy_coef, cfg.value_clip, cfg.normalize_advantages)
+
+    def train(self, batch: dict, publish: Callable[[], None] | None = None) -> dict:
+        """Run num_epochs x num_minibatches steps over `batch` ([T(+1), B, ...] tensors)."""
+        cfg = self.cfg
+        lag = self.policy_version - batch["policy_version"]
+        valid = batch["valid"].bool()
+        fresh = lag <= self.max_policy_lag
+        batch = dict(batch, train_mask=valid & fresh)
+        if self.model.normalizer is not None:
+            self.model.normalizer.update(batch["obs"][:-1][valid])
+
+        num_traj = batch["rewards"].shape[1]
+        per_mb = num_traj // cfg.num_minibatches
+        sums: dict[str, float] = {}
+        steps = 0
+        skipped = 0
+        for _ in range(cfg.num_epochs):
+            order = torch.randperm(num_traj)
+            for i in range(cfg.num_minibatches):
+                cols = order[i * per_mb:(i + 1) * per_mb]
+                mb = {k: v[:, cols] for k, v in batch.items()}
+                out = self._minibatch_loss(mb)
+                self.optimizer.zero_grad(set_to_none=True)
+                out.loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                if not torch.isfinite(out.loss) or not torch.isfinite(grad_norm):
+                    skipped += 1  # a non-finite step would poison the weights; drop it
+                    continue
+                self.optimizer.step()
+                self.policy_version += 1
+                if publish is not None:
+                    publish()
+                steps += 1
+                for name, value in out._asdict().items():
+                    sums[name] = sums.get(name, 0.0) + float(value.detach())
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
+        stats = {k: v / max(steps, 1) for k, v in sums.items()}
+        valid_lag = lag[valid]
+        stats.update(
+            sgd_steps=steps, skipped_steps=skipped,
+            lag_min=float(valid_lag.min()) if valid_lag.numel() else 0.0,
+            lag_mean=float(valid_lag.float().mean()) if valid_lag.numel() else 0.0,
+            lag_max=float(valid_lag.max()) if valid_lag.numel() else 0.0,
+            dropped_for_lag=int((valid & ~fresh).sum()), valid_samples=int(valid.sum()),
+            samples=int(valid.numel()), lr=self.optimizer.param_groups[0]["lr"],
+        )
+        return stats

@@ -1,0 +1,97 @@
+"""Numpy arrays backed by owner-only files in /dev/shm, shared between processes by name.
+
+We open /dev/shm files ourselves instead of using multiprocessing.shared_memory: its
+resource tracker unlinks segments when any attaching child exits (a known CPython bug before
+3.13), and we want the runner alone to own creation and unlinking. Each segment name carries
+the runner's pid, so a later run can remove what a killed run left behind.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+from pathlib import Path
+
+import numpy as np
+
+SHM_DIR = Path("/dev/shm")
+PREFIX = "fastrl"
+
+
+class ShmArray:
+    """A fixed-shape numpy array in shared memory; pickles as its name and reattaches."""
+
+    def __init__(self, name: str, shape: tuple, dtype, create: bool = False):
+        self.name, self.shape, self.dtype = name, tuple(int(s) for s in shape), np.dtype(dtype)
+        nbytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
+        path = SHM_DIR / name
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, nbytes)
+            self._mmap = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        self.array = np.ndarray(self.shape, dtype=self.dtype, buffer=self._mmap)
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes
+
+    def __reduce__(self):
+        return (ShmArray, (self.name, self.shape, self.dtype.str, False))
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(SHM_DIR / self.name)
+        except FileNotFoundError:
+            pass
+
+
+class ShmAllocator:
+    """Creates this run's segments under one unique prefix and unlinks them all at the end."""
+
+    def __init__(self):
+        self.prefix = f"{PREFIX}.{os.getpid()}.{secrets.token_hex(3)}"
+        self.arrays: list[ShmArray] = []
+
+    def array(self, name: str, shape: tuple, dtype) -> ShmArray:
+        arr = ShmArray(f"{self.prefix}.{name}", shape, dtype, create=True)
+        self.arrays.append(arr)
+        return arr
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    def unlink_all(self) -> None:
+        for a in self.arrays:
+            a.unlink()
+        # anything created under our prefix by a path we did not track
+        for path in SHM_DIR.glob(self.prefix + ".*"):
+            path.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_segments() -> list[str]:
+    """Unlink segments of fastrl runs whose runner process no longer exists."""
+    removed = []
+    pattern = re.compile(rf"^{PREFIX}\.(\d+)\.")
+    for path in SHM_DIR.glob(PREFIX + ".*"):
+        m = pattern.match(path.name)
+        if m and not _pid_alive(int(m.group(1))):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed

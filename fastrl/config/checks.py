@@ -1,0 +1,95 @@
+"""Cross-field checks: settings that are each well-typed but impossible together.
+
+Run before any process starts, so that a bad run fails in a second with every reason listed.
+"""
+
+from __future__ import annotations
+
+from fastrl.config.schema import Config
+
+
+def envs_per_split(cfg: Config) -> int:
+    return cfg.sampler.num_envs_per_worker // cfg.sampler.num_splits
+
+
+def samples_per_slot(cfg: Config) -> int:
+    """Env steps held by one trajectory slot: one split's envs for one rollout."""
+    return cfg.sampler.rollout_len * envs_per_split(cfg)
+
+
+def slots_per_batch(cfg: Config) -> int:
+    return cfg.algo.batch_size // samples_per_slot(cfg)
+
+
+def num_traj_buffers(cfg: Config) -> int:
+    """Slots in flight (one per split) plus room for two batches waiting for the learner."""
+    if cfg.sampler.num_traj_buffers > 0:
+        return cfg.sampler.num_traj_buffers
+    in_flight = cfg.sampler.num_rollout_workers * cfg.sampler.num_splits
+    return in_flight + 2 * max(1, slots_per_batch(cfg)) + 1
+
+
+def check_config(cfg: Config) -> list[str]:
+    problems: list[str] = []
+    s, a, sysc, r = cfg.sampler, cfg.algo, cfg.system, cfg.run
+
+    positive = {
+        "sampler.num_rollout_workers": s.num_rollout_workers, "sampler.num_envs_per_worker": s.num_envs_per_worker,
+        "sampler.num_splits": s.num_splits, "sampler.env_threads": s.env_threads,
+        "sampler.rollout_len": s.rollout_len, "sampler.num_inference_workers": s.num_inference_workers,
+        "algo.batch_size": a.batch_size, "algo.num_epochs": a.num_epochs, "algo.num_minibatches": a.num_minibatches,
+        "system.learner_threads": sysc.learner_threads, "system.inference_threads": sysc.inference_threads,
+        "run.train_for_env_steps": r.train_for_env_steps, "run.keep_checkpoints": r.keep_checkpoints,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            problems.append(f"{key} must be >= 1, got {value}")
+    for key, value in {"algo.lr": a.lr, "algo.clip_ratio": a.clip_ratio, "algo.max_grad_norm": a.max_grad_norm,
+                       "algo.adam_eps": a.adam_eps, "algo.rho_bar": a.rho_bar, "algo.c_bar": a.c_bar,
+                       "run.report_interval_s": r.report_interval_s, "run.save_every_s": r.save_every_s,
+                       "system.heartbeat_timeout_s": sysc.heartbeat_timeout_s}.items():
+        if not value > 0:
+            problems.append(f"{key} must be > 0, got {value}")
+    for key, value in {"algo.gamma": a.gamma, "algo.vtrace_lambda": a.vtrace_lambda}.items():
+        if not 0.0 <= value <= 1.0:
+            problems.append(f"{key} must be in [0, 1], got {value}")
+    for key, value in {"algo.value_coef": a.value_coef, "algo.entropy_coef": a.entropy_coef}.items():
+        if value < 0:
+            problems.append(f"{key} must be >= 0, got {value}")
+    if a.value_clip is not None and a.value_clip <= 0:
+        problems.append(f"algo.value_clip must be > 0 or null, got {a.value_clip}")
+    if s.max_policy_lag < 0:
+        problems.append(f"sampler.max_policy_lag must be >= 0, got {s.max_policy_lag}")
+    if problems:  # the divisibility checks below assume positive counts
+        return problems
+
+    if s.num_envs_per_worker % s.num_splits:
+        problems.append(f"sampler.num_envs_per_worker={s.num_envs_per_worker} does not divide into "
+                        f"sampler.num_splits={s.num_splits} equal splits")
+        return problems
+    slot = samples_per_slot(cfg)
+    if a.batch_size < slot:
+        problems.append(f"algo.batch_size={a.batch_size} is smaller than one trajectory slot "
+                        f"(rollout_len {s.rollout_len} x {envs_per_split(cfg)} envs per split = {slot})")
+    elif a.batch_size % slot:
+        problems.append(f"algo.batch_size={a.batch_size} must be a multiple of one trajectory slot "
+                        f"(rollout_len {s.rollout_len} x {envs_per_split(cfg)} envs per split = {slot})")
+    else:
+        trajectories = a.batch_size // s.rollout_len
+        if trajectories % a.num_minibatches:
+            problems.append(f"algo.num_minibatches={a.num_minibatches} must divide the {trajectories} "
+                            f"trajectories of a batch")
+    if s.num_inference_workers > s.num_rollout_workers:
+        problems.append(f"sampler.num_inference_workers={s.num_inference_workers} exceeds "
+                        f"sampler.num_rollout_workers={s.num_rollout_workers}; the extra ones would idle")
+    if s.num_traj_buffers > 0 and not problems:
+        needed = s.num_rollout_workers * s.num_splits + slots_per_batch(cfg)
+        if s.num_traj_buffers < needed:
+            problems.append(f"sampler.num_traj_buffers={s.num_traj_buffers} is too few: need at least {needed} "
+                            f"(one per split in flight plus one batch)")
+    if sysc.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            problems.append("system.device=cuda but torch sees no CUDA device")
+    return problems

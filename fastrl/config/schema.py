@@ -1,0 +1,98 @@
+"""The one declaration of every setting fastrl has: typed dataclasses with defaults and help.
+
+A run's configuration is a `Config` made of sections (`env`, `sampler`, `model`, `algo`,
+`system`, `run`). YAML presets and `--set section.key=value` overrides are applied on top of
+these defaults by `fastrl.config.loader`, which also rejects unknown keys and bad types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+
+def opt(default: Any, help: str) -> Any:
+    """A dataclass field with its help text kept next to it (shown by `fastrl train --help-config`)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class EnvConfig:
+    id: str = opt("CartPole-v1", "Environment id: an envpool task (e.g. Pong-v5) or a registered gymnasium id.")
+    backend: Literal["auto", "envpool", "gymnasium"] = opt(
+        "auto", "Which simulator runs the env; auto = envpool when it has the id, else gymnasium.")
+    kwargs: dict = opt({}, "Extra keyword arguments for envpool.make / gymnasium.make (e.g. episodic_life).")
+
+
+@dataclass
+class SamplerConfig:
+    num_rollout_workers: int = opt(2, "Rollout worker processes, each stepping its own envs.")
+    num_envs_per_worker: int = opt(32, "Envs stepped by each rollout worker, divided evenly into its splits.")
+    num_splits: int = opt(2, "Env groups per rollout worker; >=2 lets one group step while another waits for actions.")
+    env_threads: int = opt(1, "envpool C++ threads per group (one envpool instance per group).")
+    rollout_len: int = opt(32, "Env steps per trajectory (T); the learner bootstraps from step T.")
+    num_inference_workers: int = opt(1, "Inference worker processes running the batched policy forward.")
+    num_traj_buffers: int = opt(0, "Trajectory slots in shared memory; 0 = enough for the groups plus 2 batches.")
+    max_policy_lag: int = opt(50, "Samples acted by a policy more than this many SGD steps old are masked out.")
+
+
+@dataclass
+class ModelConfig:
+    encoder: Literal["auto", "mlp", "nature_cnn"] = opt(
+        "auto", "Observation encoder; auto = nature_cnn for image observations, else mlp.")
+    hidden_sizes: list = opt([64, 64], "Hidden layer widths of the MLP encoder (and of the CNN's head: first entry).")
+    activation: Literal["tanh", "relu"] = opt("tanh", "MLP activation.")
+    shared_encoder: bool = opt(False, "One encoder for actor and critic; False gives each its own.")
+    normalize_obs: bool = opt(False, "Running mean/std observation normalisation (updated by the learner).")
+    init_log_std: float = opt(0.0, "Initial log standard deviation of the Gaussian policy (continuous actions).")
+
+
+@dataclass
+class AlgoConfig:
+    gamma: float = opt(0.99, "Discount factor.")
+    vtrace_lambda: float = opt(1.0, "lambda of the V-trace traces c_t = lambda * min(c_bar, ratio).")
+    rho_bar: float = opt(1.0, "Truncation of the importance weight rho_t in V-trace.")
+    c_bar: float = opt(1.0, "Truncation of the trace coefficient c_t in V-trace.")
+    clip_ratio: float = opt(0.1, "PPO clip epsilon of the surrogate objective.")
+    value_coef: float = opt(0.5, "Weight of the value loss.")
+    value_clip: Optional[float] = opt(None, "If set, clip the value prediction to +-this around the behaviour value.")
+    entropy_coef: float = opt(0.003, "Weight of the entropy bonus.")
+    normalize_advantages: bool = opt(True, "Normalise advantages over the valid samples of a minibatch.")
+    lr: float = opt(1e-4, "Adam learning rate.")
+    lr_schedule: Literal["constant", "linear"] = opt("constant", "linear decays lr to 0 at train_for_env_steps.")
+    adam_eps: float = opt(1e-6, "Adam epsilon.")
+    max_grad_norm: float = opt(4.0, "Gradient norm clip.")
+    batch_size: int = opt(1024, "Samples (env steps) per training batch.")
+    num_epochs: int = opt(1, "Passes over each batch.")
+    num_minibatches: int = opt(1, "Minibatches per epoch (split by trajectories).")
+
+
+@dataclass
+class SystemConfig:
+    device: Literal["cpu", "cuda"] = opt("cpu", "Device of the learner and the inference workers.")
+    learner_threads: int = opt(1, "torch intra-op threads in the learner.")
+    inference_threads: int = opt(1, "torch intra-op threads in each inference worker.")
+    heartbeat_timeout_s: float = opt(60.0, "A child silent for this long is reported as hung and the run stops.")
+    startup_timeout_s: float = opt(120.0, "Time allowed for all children to start.")
+
+
+@dataclass
+class RunConfig:
+    train_for_env_steps: int = opt(10_000_000, "Stop after this many env steps (not frames).")
+    stop_at_mean_return: Optional[float] = opt(None, "Stop early when the mean return of the last 100 episodes reaches this.")
+    seed: int = opt(0, "Seed for envs and network initialisation.")
+    report_interval_s: float = opt(5.0, "Seconds between console lines / TensorBoard points.")
+    save_every_s: float = opt(300.0, "Seconds between checkpoints (one is always written at the end).")
+    keep_checkpoints: int = opt(3, "How many checkpoints to keep.")
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    run: RunConfig = field(default_factory=RunConfig)

@@ -1,0 +1,106 @@
+"""What the rest of fastrl needs to know about an environment, and which backend runs it.
+
+`resolve_env` is called once by the runner before anything is allocated: it picks the
+backend, probes one env for its spaces, and turns an unknown id into a clear error with
+close matches.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastrl.config.schema import EnvConfig
+
+
+class EnvError(Exception):
+    """The env cannot be made from this configuration."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    env_id: str
+    backend: str                 # "envpool" or "gymnasium"
+    obs_shape: tuple
+    obs_dtype: np.dtype          # dtype stored in the trajectory buffers (float64 becomes float32)
+    discrete: bool
+    num_actions: int             # discrete: number of actions; continuous: action dimension
+    action_low: tuple = ()
+    action_high: tuple = ()
+    frames_per_env_step: int = 1  # Atari frameskip: frames = env steps * this
+
+    @property
+    def is_image(self) -> bool:
+        return len(self.obs_shape) == 3
+
+
+def envpool_ids() -> list[str]:
+    import envpool
+
+    return list(envpool.list_all_envs())
+
+
+def gymnasium_ids() -> list[str]:
+    import gymnasium as gym
+
+    return list(gym.envs.registry.keys())
+
+
+def choose_backend(env_cfg: EnvConfig) -> str:
+    if env_cfg.backend != "auto":
+        return env_cfg.backend
+    return "envpool" if env_cfg.id in envpool_ids() else "gymnasium"
+
+
+def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_per_env_step: int) -> EnvSpec:
+    import gymnasium as gym
+
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise EnvError(f"{env_id}: observation space {obs_space} is not a Box; fastrl supports array observations")
+    obs_dtype = np.dtype(np.float32) if np.issubdtype(obs_space.dtype, np.floating) else np.dtype(obs_space.dtype)
+    if isinstance(act_space, gym.spaces.Discrete):
+        return EnvSpec(env_id, backend, tuple(obs_space.shape), obs_dtype, True, int(act_space.n),
+                       frames_per_env_step=frames_per_env_step)
+    if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+        return EnvSpec(env_id, backend, tuple(obs_space.shape), obs_dtype, False, int(act_space.shape[0]),
+                       tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high),
+                       frames_per_env_step=frames_per_env_step)
+    raise EnvError(f"{env_id}: action space {act_space} is not supported (Discrete or 1-D Box)")
+
+
+def resolve_env(env_cfg: EnvConfig) -> EnvSpec:
+    """Probe the env named by the config; raise EnvError with a helpful message if it can't be made."""
+    known_envpool = envpool_ids()
+    known_gym = gymnasium_ids()
+    backend = env_cfg.backend
+    if backend == "auto":
+        backend = "envpool" if env_cfg.id in known_envpool else "gymnasium"
+    known = known_envpool if backend == "envpool" else known_gym
+    if env_cfg.id not in known:
+        close = difflib.get_close_matches(env_cfg.id, sorted(set(known_envpool) | set(known_gym)), n=5, cutoff=0.6)
+        hint = f"; close matches: {', '.join(close)}" if close else ""
+        where = "envpool" if env_cfg.backend == "envpool" else "envpool or gymnasium"
+        raise EnvError(f"unknown env id '{env_cfg.id}' (not in {where}){hint}")
+    try:
+        if backend == "envpool":
+            import envpool
+
+            probe = envpool.make(env_cfg.id, env_type="gymnasium", num_envs=1, batch_size=1, num_threads=1,
+                                 **env_cfg.kwargs)
+            # Only Atari's frameskip repeats rendered frames; MuJoCo's frame_skip is physics substeps.
+            frames = int(probe.spec.config.frame_skip) if "Atari" in type(probe).__name__ else 1
+            spec = _spec_from_spaces(env_cfg.id, backend, probe.observation_space, probe.action_space, frames)
+            probe.close()
+            return spec
+        import gymnasium as gym
+
+        probe = gym.make(env_cfg.id, **env_cfg.kwargs)
+        spec = _spec_from_spaces(env_cfg.id, backend, probe.observation_space, probe.action_space, 1)
+        probe.close()
+        return spec
+    except EnvError:
+        raise
+    except Exception as e:  # a bad kwarg or a broken user env: report, don't crash with a traceback
+        raise EnvError(f"could not make env '{env_cfg.id}' with {backend}: {type(e).__name__}: {e}") from e

@@ -1,0 +1,104 @@
+"""The policy/value network: an encoder (MLP or Nature CNN) with a categorical or Gaussian head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from fastrl.config.schema import ModelConfig
+from fastrl.envs.spec import EnvSpec
+from fastrl.models.normalizer import ObsNormalizer
+
+LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _mlp(in_dim: int, hidden: list, activation: str) -> tuple[nn.Module, int]:
+    act = nn.Tanh if activation == "tanh" else nn.ReLU
+    layers, d = [], in_dim
+    for h in hidden:
+        linear = nn.Linear(d, h)
+        nn.init.orthogonal_(linear.weight, math.sqrt(2))
+        nn.init.zeros_(linear.bias)
+        layers += [linear, act()]
+        d = h
+    return nn.Sequential(*layers), d
+
+
+class NatureCNN(nn.Module):
+    """Mnih et al. (2015): 3 conv layers and a 512-unit layer; uint8 frames scaled to [0, 1]."""
+
+    def __init__(self, obs_shape: tuple, out_dim: int = 512):
+        super().__init__()
+        c = obs_shape[0]
+        self.convs = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            n = self.convs(torch.zeros(1, *obs_shape)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(n, out_dim), nn.ReLU())
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.orthogonal_(m.weight, math.sqrt(2))
+                nn.init.zeros_(m.bias)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(obs.float() * (1.0 / 255.0)))
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, spec: EnvSpec, cfg: ModelConfig):
+        super().__init__()
+        self.discrete = spec.discrete
+        encoder = cfg.encoder if cfg.encoder != "auto" else ("nature_cnn" if spec.is_image else "mlp")
+        self.normalizer = ObsNormalizer(spec.obs_shape) if cfg.normalize_obs else None
+
+        def make_encoder():
+            if encoder == "nature_cnn":
+                width = cfg.hidden_sizes[0] if cfg.hidden_sizes else 512
+                return NatureCNN(spec.obs_shape, width), width
+            return _mlp(int(math.prod(spec.obs_shape)), cfg.hidden_sizes, cfg.activation)
+
+        self.actor_encoder, feat = make_encoder()
+        self.critic_encoder = None if cfg.shared_encoder else make_encoder()[0]
+        self.policy_head = nn.Linear(feat, spec.num_actions)
+        nn.init.orthogonal_(self.policy_head.weight, 0.01)
+        nn.init.zeros_(self.policy_head.bias)
+        self.value_head = nn.Linear(feat, 1)
+        nn.init.orthogonal_(self.value_head.weight, 1.0)
+        nn.init.zeros_(self.value_head.bias)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((spec.num_actions,), float(cfg.init_log_std)))
+        self._flatten = not spec.is_image
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (logits or Gaussian mean, value) for a batch of observations."""
+        x = obs.reshape(obs.shape[0], -1).float() if self._flatten else obs
+        if self.normalizer is not None:
+            x = self.normalizer(x.float())
+        h = self.actor_encoder(x)
+        h_v = h if self.critic_encoder is None else self.critic_encoder(x)
+        return self.policy_head(h), self.value_head(h_v).squeeze(-1)
+
+    # --- distribution helpers: plain formulas, cheaper than torch.distributions on the hot path
+    def sample(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.discrete:
+            log_p = torch.log_softmax(params, dim=-1)
+            actions = torch.multinomial(log_p.exp(), 1).squeeze(-1)
+            return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        std = self.log_std.exp()
+        actions = params + std * torch.randn_like(params)
+        return actions, self.log_prob(params, actions)
+
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        if self.discrete:
+            return torch.log_softmax(params, dim=-1).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        z = (actions - params) / self.log_std.exp()
+        return (-0.5 * z ** 2 - self.log_std - LOG_SQRT_2PI).sum(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        if self.discrete:
+            log_p = torch.log_softmax(params, dim=-1)
+            return -(log_p.exp() * log_p).sum(-1)
+        return (self.log_std + 0.5 + LOG_SQRT_2PI).sum(-1).expand(params.shape[:-1])

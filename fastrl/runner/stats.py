@@ -1,0 +1,129 @@
+"""Aggregates what the workers report into what the user sees: the console line, TensorBoard
+scalars and the end-of-run summary. Env steps and frames are kept apart and labelled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+EPISODE_WINDOW = 100
+
+
+class RunStats:
+    def __init__(self, frames_per_env_step: int, start_env_steps: int):
+        self.frames_per_env_step = frames_per_env_step
+        self.start_time = time.monotonic()
+        self.start_env_steps = start_env_steps
+        self.env_steps = start_env_steps
+        self.scores: deque = deque(maxlen=EPISODE_WINDOW)
+        self.lengths: deque = deque(maxlen=EPISODE_WINDOW)
+        self.episodes = 0
+        self.learner: dict = {}
+        self.rate_points: deque = deque()  # (monotonic time, env_steps), last ~60 s
+        self.lag_min, self.lag_max, self.lag_sum, self.lag_batches = float("inf"), 0.0, 0.0, 0
+        self.dropped_for_lag = 0
+        self.first_sample_s: float | None = None
+
+    # --- inputs
+    def on_report(self, msg: dict) -> None:
+        if msg["kind"] == "episodes":
+            self.scores.extend(msg["scores"])
+            self.lengths.extend(msg["lengths"])
+            self.episodes += len(msg["scores"])
+        elif msg["kind"] == "learner":
+            self.learner = msg
+            if msg["valid_samples"]:
+                self.lag_min = min(self.lag_min, msg["lag_min"])
+                self.lag_max = max(self.lag_max, msg["lag_max"])
+                self.lag_sum += msg["lag_mean"]
+                self.lag_batches += 1
+            self.dropped_for_lag += msg["dropped_for_lag"]
+
+    def on_env_steps(self, env_steps: int) -> None:
+        now = time.monotonic()
+        if self.first_sample_s is None and env_steps > self.start_env_steps:
+            self.first_sample_s = now - self.start_time
+        self.env_steps = env_steps
+        self.rate_points.append((now, env_steps))
+        while self.rate_points and now - self.rate_points[0][0] > 61.0:
+            self.rate_points.popleft()
+
+    # --- derived
+    @property
+    def frames(self) -> int:
+        return self.env_steps * self.frames_per_env_step
+
+    @property
+    def wall_s(self) -> float:
+        return time.monotonic() - self.start_time
+
+    def rate(self, window_s: float) -> float:
+        """Env steps/s over the last `window_s` seconds (or since start if shorter)."""
+        if len(self.rate_points) < 2:
+            return 0.0
+        now, latest = self.rate_points[-1]
+        old_t, old_steps = next(((t, s) for t, s in self.rate_points if now - t <= window_s), self.rate_points[0])
+        return (latest - old_steps) / (now - old_t) if now > old_t else 0.0
+
+    @property
+    def mean_score(self) -> float | None:
+        return float(np.mean(self.scores)) if self.scores else None
+
+    @property
+    def learner_busy_fraction(self) -> float:
+        busy, wait = self.learner.get("busy_s", 0.0), self.learner.get("wait_s", 0.0)
+        return busy / (busy + wait) if busy + wait > 0 else 0.0
+
+    @property
+    def lag_mean(self) -> float:
+        return self.lag_sum / self.lag_batches if self.lag_batches else 0.0
+
+    # --- outputs
+    def console_line(self, train_for_env_steps: int) -> str:
+        pct = 100.0 * self.env_steps / train_for_env_steps
+        bar_len = 20
+        filled = min(bar_len, int(bar_len * self.env_steps / train_for_env_steps))
+        score = f"{self.mean_score:8.2f}" if self.mean_score is not None else "     n/a"
+        lag = (f"{self.learner.get('lag_min', 0):.0f}/{self.learner.get('lag_mean', 0):.1f}/"
+               f"{self.learner.get('lag_max', 0):.0f}")
+        fps = ""
+        if self.frames_per_env_step > 1:
+            fps = f" frames {self.frames:,} ({self.rate(10) * self.frames_per_env_step:,.0f}/s)"
+        return (f"[{'#' * filled}{'.' * (bar_len - filled)}] {pct:5.1f}% env_steps {self.env_steps:,}{fps} "
+                f"| env steps/s 10s {self.rate(10):,.0f} 60s {self.rate(60):,.0f} "
+                f"| return(last {len(self.scores)}) {score} | lag min/mean/max {lag} "
+                f"| learner busy {100 * self.learner_busy_fraction:.0f}%")
+
+    def scalars(self) -> dict:
+        out = {"perf/env_steps_per_s_10s": self.rate(10), "perf/env_steps_per_s_60s": self.rate(60),
+               "perf/frames_per_s_10s": self.rate(10) * self.frames_per_env_step,
+               "perf/learner_busy_fraction": self.learner_busy_fraction}
+        if self.scores:
+            out["episode/return_mean"] = self.mean_score
+            out["episode/length_mean"] = float(np.mean(self.lengths))
+        for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "lr",
+                    "lag_min", "lag_mean", "lag_max", "dropped_for_lag", "skipped_steps"):
+            if key in self.learner:
+                out[f"train/{key}"] = float(self.learner[key])
+        if self.learner.get("samples"):
+            out["train/valid_fraction"] = self.learner["valid_samples"] / self.learner["samples"]
+        return out
+
+    def summary(self) -> dict:
+        run_env_steps = self.env_steps - self.start_env_steps
+        return {
+            "env_steps": self.env_steps, "frames": self.frames, "frames_per_env_step": self.frames_per_env_step,
+            "wall_s": round(self.wall_s, 2),
+            "mean_env_steps_per_s": round(run_env_steps / self.wall_s, 1) if self.wall_s > 0 else 0.0,
+            "final_mean_return": self.mean_score, "episodes": self.episodes,
+            "episodes_in_mean": len(self.scores),
+            "policy_lag": {"min": None if self.lag_batches == 0 else self.lag_min, "mean": round(self.lag_mean, 2),
+                           "max": self.lag_max},
+            "samples_dropped_for_lag": self.dropped_for_lag,
+            "learner_busy_fraction": round(self.learner_busy_fraction, 4),
+            "policy_version": self.learner.get("policy_version", 0), "train_steps": self.learner.get("train_steps", 0),
+            "time_to_first_sample_s": None if self.first_sample_s is None else round(self.first_sample_s, 2),
+        }

@@ -1,0 +1,1 @@
+"""The child processes: rollout workers (envs), inference workers (policy forward), the learner."""

@@ -1,0 +1,90 @@
+"""Inference worker: one batched policy forward over every pending request.
+
+A request names (rollout worker, split, slot, t). The worker reads those observations in place
+from the trajectory slots, runs one forward pass, writes actions, log-probs, values and the
+policy version back into the same slots, and tells each rollout worker which splits are ready.
+Before each batch it picks up newer weights if the learner has published some.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from fastrl.ipc import get_many
+from fastrl.models import ActorCritic
+from fastrl.workers.process import WorkerContext, heartbeat_index
+
+POLL_S = 0.1
+
+
+class InferenceWorker:
+    def __init__(self, ctx: WorkerContext, index: int, log: logging.Logger):
+        self.ctx, self.index, self.log = ctx, index, log
+        self.device = torch.device(ctx.cfg.system.device)
+        self.model = ActorCritic(ctx.spec, ctx.cfg.model).to(self.device).eval()
+        self.staging = ctx.weights.new_staging()
+        self.seen_seq = -1
+        self.version = -1
+        self.hb = heartbeat_index(ctx.cfg, "inference", index)
+        b = ctx.bufs
+        self.obs, self.actions, self.log_probs = b.obs.array, b.actions.array, b.log_probs.array
+        self.values, self.policy_version = b.values.array, b.policy_version.array
+        self.requests = ctx.channels.inference_requests[index]
+
+    def _refresh_weights(self) -> None:
+        seq = int(self.ctx.weights.header.array[0])
+        if seq == self.seen_seq or seq == 0:
+            return
+        version = self.ctx.weights.try_read(self.staging)
+        if version is None:  # caught the learner mid-write; keep the current weights for this batch
+            return
+        self.ctx.weights.load_into(self.model, self.staging.to(self.device) if self.device.type != "cpu" else self.staging)
+        self.seen_seq, self.version = seq, version
+
+    def _wait_for_first_weights(self) -> None:
+        while self.version < 0:
+            self._refresh_weights()
+            if self.version < 0:
+                self.ctx.control.beat(self.hb)
+                if self.ctx.control.stop_requested:
+                    return
+                time.sleep(0.01)
+
+    def step(self, requests: list) -> None:
+        self._refresh_weights()
+        views = [self.obs[slot, t] for (_, _, slot, t) in requests]
+        obs = torch.from_numpy(views[0] if len(views) == 1 else np.concatenate(views))
+        with torch.inference_mode():
+            params, values = self.model(obs.to(self.device, non_blocking=True))
+            actions, log_probs = self.model.sample(params)
+        actions, log_probs, values = actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
+        replies = defaultdict(list)
+        offset = 0
+        for (worker, split, slot, t), view in zip(requests, views):
+            n = view.shape[0]
+            self.actions[slot, t] = actions[offset:offset + n]
+            self.log_probs[slot, t] = log_probs[offset:offset + n]
+            self.values[slot, t] = values[offset:offset + n]
+            self.policy_version[slot, t] = self.version
+            offset += n
+            replies[worker].append(split)
+        for worker, splits in replies.items():
+            self.ctx.channels.action_replies[worker].put_many(splits)
+
+    def run(self) -> None:
+        self._wait_for_first_weights()
+        control = self.ctx.control
+        while not control.stop_requested:
+            requests = get_many(self.requests, POLL_S)
+            control.beat(self.hb)
+            if requests:
+                self.step(requests)
+
+
+def inference_loop(ctx: WorkerContext, index: int, log: logging.Logger) -> None:
+    InferenceWorker(ctx, index, log).run()

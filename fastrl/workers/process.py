@@ -1,0 +1,107 @@
+"""What every child process does around its loop: name itself, die with its parent, set torch
+threads, ignore Ctrl-C (the runner orchestrates shutdown), log to the run's log file, and
+report a crash with its traceback to the runner before exiting.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+
+from fastrl.buffers import SharedControl, SharedWeights, TrajBuffers
+from fastrl.config.schema import Config
+from fastrl.envs.spec import EnvSpec
+from fastrl.ipc import Channels, put_report
+
+PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
+
+
+@dataclass
+class WorkerContext:
+    """Everything a child needs, pickled once at spawn (shared arrays travel as names)."""
+    cfg: Config
+    spec: EnvSpec
+    bufs: TrajBuffers
+    control: SharedControl
+    weights: SharedWeights
+    channels: Channels
+    log_path: str
+    checkpoint_dir: str
+    base_env_steps: int = 0
+    resume_checkpoint: str | None = None
+
+
+def heartbeat_index(cfg: Config, role: str, index: int) -> int:
+    """Slot of a process in the heartbeat array: rollouts, then inference workers, then the learner."""
+    w, m = cfg.sampler.num_rollout_workers, cfg.sampler.num_inference_workers
+    return {"rollout": index, "inference": w + index, "learner": w + m}[role]
+
+
+def num_processes(cfg: Config) -> int:
+    return cfg.sampler.num_rollout_workers + cfg.sampler.num_inference_workers + 1
+
+
+def process_name(role: str, index: int) -> str:
+    return f"fastrl-{role}" if role == "learner" else f"fastrl-{role}-{index}"
+
+
+def setup_logging(log_path: str, name: str, echo: bool) -> logging.Logger:
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(logging.INFO)
+    fmt = logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s")
+    handler = logging.FileHandler(log_path)  # opened O_APPEND: lines from many processes interleave whole
+    handler.setFormatter(fmt)
+    root.addHandler(handler)
+    if echo:
+        stream = logging.StreamHandler(sys.stderr)
+        stream.setFormatter(fmt)
+        stream.setLevel(logging.WARNING)
+        root.addHandler(stream)
+    return logging.getLogger(name)
+
+
+def _name_process(name: str) -> None:
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(name)
+    except ImportError:
+        pass
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)  # what `top` shows
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive a killed runner
+    except (OSError, AttributeError):
+        pass
+
+
+def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
+    """Entry point of every child: bootstrap, run `loop(ctx, index, log)`, report any crash."""
+    name = process_name(role, index)
+    _name_process(name)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: ctx.control.request_stop())
+    if os.getppid() == 1:  # the runner died before we got here
+        return
+    import torch
+
+    threads = {"learner": ctx.cfg.system.learner_threads, "inference": ctx.cfg.system.inference_threads}.get(role, 1)
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+    log = setup_logging(ctx.log_path, name, echo=False)
+    try:
+        log.info("started (pid %d, torch threads %d)", os.getpid(), threads)
+        loop(ctx, index, log)
+        log.info("stopped")
+    except BaseException as e:  # noqa: BLE001 - report everything, including KeyboardInterrupt
+        tb = traceback.format_exc()
+        log.error("crashed: %s\n%s", e, tb)
+        put_report(ctx.channels.reports, {"kind": "error", "process": name, "traceback": tb})
+        ctx.control.request_stop()
+        raise SystemExit(1)

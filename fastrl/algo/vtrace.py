@@ -29,8 +29,8 @@ def vtrace(log_ratios: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor
     ratios = torch.exp(log_ratios)
     rhos = torch.clamp(ratios, max=rho_bar)
     cs = lam * torch.clamp(ratios, max=c_bar)
-    not_terminated = 1.0 - terminated.float()
-    not_done = not_terminated * (1.0 - truncated.float())
+    not_terminated = 1.0 - terminated.to(rewards.dtype)
+    not_done = not_terminated * (1.0 - truncated.to(rewards.dtype))
     v_t, v_next = values[:-1], values[1:]
 
     deltas = rhos * (rewards + gamma * not_terminated * v_next - v_t)

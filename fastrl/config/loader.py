@@ -7,6 +7,7 @@ unparseable override is an error, and all errors are reported together in one `C
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,10 @@ def coerce(value: Any, tp: Any) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, float) and value.is_integer() and abs(value) >= 1e3:
-            return int(value)  # `1e7` in YAML/--set reads as a float; a whole number is meant
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+", value.strip()):
+            value = float(value)  # YAML 1.1 reads `1e7` as a string; scientific notation is meant
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
         raise ValueError(f"expected an int, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -1,0 +1,90 @@
+"""Running the real `fastrl` command in a subprocess and checking what it leaves behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class RunProcess:
+    """`python -m fastrl train ...` with its output collected and its children tracked."""
+
+    def __init__(self, *args: str, runs_dir: Path, name: str = "run"):
+        self.run_dir = runs_dir / name
+        cmd = [sys.executable, "-m", "fastrl", "train", "--runs-dir", str(runs_dir), "--name", name, *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        self.lines: list[str] = []
+        self.children: set[int] = set()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def track_children(self) -> None:
+        try:
+            self.children |= {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+
+    def child_names(self) -> set[str]:
+        self.track_children()
+        names = set()
+        for pid in self.children:
+            try:
+                names.add(psutil.Process(pid).name())
+            except psutil.NoSuchProcess:
+                pass
+        return names
+
+    def wait_for(self, text: str, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.track_children()
+            if text in self.output:
+                return True
+            if self.proc.poll() is not None:
+                return text in self.output
+            time.sleep(0.2)
+        return False
+
+    def wait(self, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.track_children()
+            time.sleep(0.2)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            raise AssertionError(f"run did not finish within {timeout_s} s; output:\n{self.output}")
+        self._reader.join(5)
+        return self.proc.returncode
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def leftover_children(self) -> list[int]:
+        alive = []
+        for pid in self.children:
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def leftover_segments(self) -> list[str]:
+        return [p.name for p in Path("/dev/shm").glob(f"fastrl.{self.proc.pid}.*")]

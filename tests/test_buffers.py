@@ -1,0 +1,74 @@
+"""Shared-memory arrays, the seqlocked weight publication and stale-segment cleanup."""
+
+import multiprocessing as mp
+import os
+import pickle
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from fastrl.buffers import SharedWeights, ShmAllocator, remove_stale_segments
+from fastrl.buffers.shm import SHM_DIR, ShmArray
+
+
+def test_segments_are_owner_only_and_unlinked():
+    alloc = ShmAllocator()
+    arr = alloc.array("x", (3, 4), np.float32)
+    mode = stat.S_IMODE(os.stat(SHM_DIR / arr.name).st_mode)
+    assert mode == 0o600
+    alloc.unlink_all()
+    assert not list(SHM_DIR.glob(alloc.prefix + "*"))
+
+
+def _child_writes(arr):
+    arr.array[1, 2] = 42.0
+
+
+def test_array_is_shared_with_a_spawned_process():
+    alloc = ShmAllocator()
+    try:
+        arr = alloc.array("shared", (2, 3), np.float64)
+        assert len(pickle.dumps(arr)) < 300  # travels by name, not by content
+        p = mp.get_context("spawn").Process(target=_child_writes, args=(arr,))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0
+        assert arr.array[1, 2] == 42.0
+    finally:
+        alloc.unlink_all()
+
+
+def test_stale_segments_of_dead_runs_are_removed():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    stale = ShmArray(f"fastrl.{dead_pid}.abc.obs", (4,), np.uint8, create=True)
+    mine = ShmAllocator()
+    live = mine.array("obs", (4,), np.uint8)
+    try:
+        removed = remove_stale_segments()
+        assert stale.name in removed
+        assert (SHM_DIR / live.name).exists()
+    finally:
+        stale.unlink()
+        mine.unlink_all()
+
+
+def test_weights_roundtrip_and_torn_read_detection():
+    alloc = ShmAllocator()
+    try:
+        src = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        dst = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        weights = SharedWeights.allocate(alloc, src)
+        weights.publish(src, version=7)
+        staging = weights.new_staging()
+        assert weights.try_read(staging) == 7
+        weights.load_into(dst, staging)
+        for a, b in zip(src.state_dict().values(), dst.state_dict().values()):
+            assert torch.equal(a, b)
+        weights.header.array[0] += 1  # a writer is mid-publication
+        assert weights.try_read(staging) is None
+    finally:
+        alloc.unlink_all()

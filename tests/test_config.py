@@ -1,0 +1,87 @@
+"""Presets load; every bad input is rejected before any process starts, with exit code 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastrl.cli import main
+from fastrl.config import ConfigError, check_config, config_from_dict, config_to_dict, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
+def test_every_preset_loads_and_checks(preset):
+    cfg = load_config(preset)
+    assert check_config(cfg) == []
+    assert config_from_dict(config_to_dict(cfg)) == cfg  # config.json round-trips
+
+
+def test_presets_include_the_documented_three():
+    assert {"cartpole.yaml", "atari_pong.yaml", "mujoco_halfcheetah.yaml"} <= {p.name for p in PRESETS}
+
+
+def test_overrides_are_typed():
+    cfg = load_config(ROOT / "configs/cartpole.yaml", ["algo.lr=1e-4", "run.stop_at_mean_return=null",
+                                                       "model.hidden_sizes=[32, 32]", "run.train_for_env_steps=1e6"])
+    assert cfg.algo.lr == 1e-4 and cfg.run.stop_at_mean_return is None
+    assert cfg.model.hidden_sizes == [32, 32] and cfg.run.train_for_env_steps == 1_000_000
+
+
+def test_all_problems_reported_together():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algo.lrr=1", "algo.batch_size=big", "sampler.num_splits=true", "nosection.x=1"])
+    text = str(e.value)
+    assert len(e.value.problems) == 4
+    assert "did you mean algo.lr" in text and "algo.batch_size" in text and "nosection" in text
+
+
+def run_cli(capsys, *args, tmp_path):
+    code = main(["train", "--runs-dir", str(tmp_path), *args])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--set", "algo.unknown_key=1"], "unknown key 'algo.unknown_key'"),
+    (["--set", "algo.lr=fast"], "algo.lr: expected a float"),
+    (["--set", "sampler.num_rollout_workers=1.5"], "expected an int"),
+    (["--set", "sampler.num_envs_per_worker=30", "--set", "sampler.num_splits=4"], "does not divide"),
+    (["--set", "algo.batch_size=64"], "smaller than one trajectory slot"),
+    (["--set", "algo.batch_size=1000"], "must be a multiple of one trajectory slot"),
+    (["--set", "sampler.num_rollout_workers=0"], "must be >= 1"),
+    (["--set", "env.id=CartPol-v1"], "close matches: CartPole-v1"),
+    (["--set", "env.id=NoSuchGame-v9"], "unknown env id 'NoSuchGame-v9'"),
+    (["--set", "env.kwargs={no_such_arg: 1}"], "could not make env"),
+])
+def test_bad_input_exits_2_naming_the_problem(capsys, tmp_path, args, expected):
+    code, err = run_cli(capsys, "--config", str(ROOT / "configs/cartpole.yaml"), *args, tmp_path=tmp_path)
+    assert code == 2
+    assert expected in err
+    assert not any(tmp_path.iterdir())  # nothing written, nothing started
+
+
+def test_unknown_key_in_yaml_file(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  lr: 0.1\n  epochs: 3\nsampler:\n  num_splits: two\n")
+    code, err = run_cli(capsys, "--config", str(bad), tmp_path=tmp_path / "runs")
+    assert code == 2 and "algo.epochs" in err and "sampler.num_splits" in err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, err = run_cli(capsys, "--config", str(tmp_path / "nope.yaml"), tmp_path=tmp_path)
+    assert code == 2 and "not found" in err
+
+
+def test_existing_run_dir_is_refused(capsys, tmp_path):
+    (tmp_path / "taken").mkdir()
+    code, err = run_cli(capsys, "--config", str(ROOT / "configs/cartpole.yaml"), "--name", "taken", tmp_path=tmp_path)
+    assert code == 2 and "already exists" in err
+
+
+def test_exit_code_of_the_real_command(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fastrl", "train", "--runs-dir", str(tmp_path), "--set", "algo.nope=1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown key 'algo.nope'" in proc.stderr

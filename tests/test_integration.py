@@ -1,0 +1,75 @@
+"""Multi-process runs of the real system, each under a timeout: it starts, samples, trains,
+checkpoints, stops cleanly (also on SIGINT/SIGTERM) and leaves no process or /dev/shm segment."""
+
+import signal
+
+import pytest
+import torch
+
+from helpers import ROOT, RunProcess
+
+pytestmark = pytest.mark.integration
+CARTPOLE = str(ROOT / "configs/cartpole.yaml")
+SHORT = ["--set", "run.stop_at_mean_return=null", "--set", "run.report_interval_s=1"]
+
+
+def assert_clean(run: RunProcess) -> None:
+    assert run.leftover_children() == [], "child processes outlived the run"
+    assert run.leftover_segments() == [], "shared memory left in /dev/shm"
+
+
+def test_short_run_trains_checkpoints_and_cleans_up(tmp_path):
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=40000", runs_dir=tmp_path)
+    assert run.wait_for("return(last 100)", 60), run.output
+    names = run.child_names()
+    assert run.wait(120) == 0, run.output
+    # `top` shows these (the kernel keeps 15 characters of a process name)
+    assert {"fastrl-learner", "fastrl-inferen", "fastrl-rollout"} <= {n[:14] for n in names}, names
+    summary = run.summary()
+    assert summary["env_steps"] >= 40000 and summary["train_steps"] > 0 and summary["episodes"] > 0
+    assert summary["failure"] is None and summary["policy_version"] > 0
+    assert (run.run_dir / "config.json").exists()
+    assert list(run.run_dir.glob("events.out.tfevents.*"))
+    log = (run.run_dir / "train.log").read_text()
+    for name in ("fastrl-learner", "fastrl-inference-0", "fastrl-rollout-0", "fastrl-rollout-1"):
+        assert f"{name} INFO started" in log and f"{name} INFO stopped" in log
+    ckpts = sorted((run.run_dir / "checkpoints").glob("checkpoint_*.pt"))
+    assert ckpts
+    state = torch.load(ckpts[-1], weights_only=True)
+    assert state["train_steps"] == summary["train_steps"] and state["env_steps"] > 0
+    assert "summary:" in run.output
+    assert_clean(run)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, sig):
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=100000000", runs_dir=tmp_path)
+    assert run.wait_for("learner busy", 60), run.output
+    assert run.wait_for("return(last 100)", 60), run.output
+    run.proc.send_signal(sig)
+    assert run.wait(15) == 0, run.output
+    assert f"received {sig.name}" in run.output
+    assert list((run.run_dir / "checkpoints").glob("checkpoint_*.pt"))
+    assert run.summary()["env_steps"] > 0
+    assert_clean(run)
+
+
+def test_resume_continues_counters(tmp_path):
+    first = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=20000", runs_dir=tmp_path)
+    assert first.wait(120) == 0, first.output
+    s1 = first.summary()
+    second = RunProcess("--resume", "--set", "run.train_for_env_steps=40000", runs_dir=tmp_path)
+    assert second.wait(120) == 0, second.output
+    s2 = second.summary()
+    assert s2["env_steps"] >= 40000 and s2["env_steps"] > s1["env_steps"]
+    assert s2["policy_version"] > s1["policy_version"] and s2["train_steps"] > s1["train_steps"]
+    assert_clean(second)
+
+
+def test_gymnasium_backend_runs(tmp_path):
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "env.backend=gymnasium",
+                     "--set", "run.train_for_env_steps=10000", runs_dir=tmp_path)
+    assert run.wait(120) == 0, run.output
+    assert "(gymnasium)" in run.output
+    assert run.summary()["train_steps"] > 0
+    assert_clean(run)

@@ -1,0 +1,142 @@
+"""V-trace against a slow reference written straight from the IMPALA paper's sum form,
+on random inputs with terminations, truncations and envpool reset steps."""
+
+import math
+
+import pytest
+import torch
+
+from fastrl.algo.vtrace import vtrace
+
+
+def random_episode_flags(T, B, gen, p_end=0.15):
+    """terminated/truncated flags, never both; the step after an end is a reset step as envpool makes it."""
+    u = torch.rand(T, B, generator=gen)
+    terminated = u < p_end / 2
+    truncated = (u >= p_end / 2) & (u < p_end)
+    return terminated, truncated
+
+
+def reference_vtrace(log_ratios, rewards, values, terminated, truncated, gamma, rho_bar, c_bar, lam):
+    """v_s = V(x_s) + sum_{t>=s} gamma^{t-s} (prod_{i=s}^{t-1} c_i) delta_t, the sum ending at the
+    first episode end; delta_t = rho_t (r_t + gamma (1 - term_t) V(x_{t+1}) - V(x_t))."""
+    T, B = rewards.shape
+    vs = torch.zeros(T, B, dtype=torch.float64)
+    adv = torch.zeros(T, B, dtype=torch.float64)
+    for b in range(B):
+        ratio = [math.exp(float(log_ratios[t, b])) for t in range(T)]
+        rho = [min(rho_bar, r) for r in ratio]
+        c = [lam * min(c_bar, r) for r in ratio]
+        V = [float(values[t, b]) for t in range(T + 1)]
+        term = [bool(terminated[t, b]) for t in range(T)]
+        done = [bool(terminated[t, b]) or bool(truncated[t, b]) for t in range(T)]
+        delta = [rho[t] * (float(rewards[t, b]) + gamma * (0.0 if term[t] else V[t + 1]) - V[t]) for t in range(T)]
+        for s in range(T):
+            total, weight = 0.0, 1.0
+            for t in range(s, T):
+                total += weight * delta[t]
+                if done[t]:
+                    break
+                weight *= gamma * c[t]
+            vs[s, b] = V[s] + total
+        for s in range(T):
+            if done[s]:
+                next_v = V[s + 1]
+            else:
+                next_v = float(vs[s + 1, b]) if s + 1 < T else V[T]
+            adv[s, b] = rho[s] * (float(rewards[s, b]) + gamma * (0.0 if term[s] else next_v) - V[s])
+    return vs, adv
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("rho_bar,c_bar,lam", [(1.0, 1.0, 1.0), (2.0, 0.5, 0.9), (0.8, 1.2, 0.95)])
+def test_vtrace_matches_paper_reference(seed, rho_bar, c_bar, lam):
+    gen = torch.Generator().manual_seed(seed)
+    T, B, gamma = 20, 6, 0.97
+    log_ratios = torch.randn(T, B, generator=gen, dtype=torch.float64) * 0.7
+    rewards = torch.randn(T, B, generator=gen, dtype=torch.float64)
+    values = torch.randn(T + 1, B, generator=gen, dtype=torch.float64)
+    terminated, truncated = random_episode_flags(T, B, gen)
+    assert terminated.any() and truncated.any()
+    got = vtrace(log_ratios, rewards, values, terminated, truncated, gamma, rho_bar, c_bar, lam)
+    want_vs, want_adv = reference_vtrace(log_ratios, rewards, values, terminated, truncated, gamma, rho_bar, c_bar, lam)
+    torch.testing.assert_close(got.vs, want_vs, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got.pg_advantages, want_adv, rtol=1e-9, atol=1e-9)
+
+
+def n_step_returns(rewards, values, terminated, truncated, gamma):
+    """On-policy lambda=1 targets: discounted rewards to the episode end or the rollout end, then bootstrap."""
+    T, B = rewards.shape
+    out = torch.zeros(T, B, dtype=torch.float64)
+    for b in range(B):
+        for s in range(T):
+            ret, disc = 0.0, 1.0
+            for t in range(s, T):
+                ret += disc * float(rewards[t, b])
+                disc *= gamma
+                if terminated[t, b]:
+                    break
+                if truncated[t, b] or t == T - 1:
+                    ret += disc * float(values[t + 1, b])
+                    break
+            out[s, b] = ret
+    return out
+
+
+def gae(rewards, values, terminated, truncated, gamma, lam):
+    T, _ = rewards.shape
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(T)):
+        not_term = (~terminated[t]).double()
+        not_done = (~(terminated[t] | truncated[t])).double()
+        delta = rewards[t] + gamma * not_term * values[t + 1] - values[t]
+        last = delta + gamma * lam * not_done * last
+        adv[t] = last
+    return adv
+
+
+def test_on_policy_targets_are_n_step_returns():
+    gen = torch.Generator().manual_seed(7)
+    T, B, gamma = 16, 5, 0.9
+    rewards = torch.randn(T, B, generator=gen, dtype=torch.float64)
+    values = torch.randn(T + 1, B, generator=gen, dtype=torch.float64)
+    terminated, truncated = random_episode_flags(T, B, gen, p_end=0.2)
+    got = vtrace(torch.zeros(T, B, dtype=torch.float64), rewards, values, terminated, truncated, gamma)
+    torch.testing.assert_close(got.vs, n_step_returns(rewards, values, terminated, truncated, gamma))
+
+
+def test_on_policy_lambda_advantage_is_gae():
+    gen = torch.Generator().manual_seed(8)
+    T, B, gamma, lam = 16, 5, 0.99, 0.9
+    rewards = torch.randn(T, B, generator=gen, dtype=torch.float64)
+    values = torch.randn(T + 1, B, generator=gen, dtype=torch.float64)
+    terminated, truncated = random_episode_flags(T, B, gen, p_end=0.2)
+    got = vtrace(torch.zeros(T, B, dtype=torch.float64), rewards, values, terminated, truncated, gamma, lam=lam)
+    torch.testing.assert_close(got.vs - values[:-1], gae(rewards, values, terminated, truncated, gamma, lam))
+
+
+def test_truncation_bootstraps_but_termination_does_not():
+    rewards = torch.tensor([[1.0], [1.0]], dtype=torch.float64)
+    values = torch.tensor([[0.0], [10.0], [0.0]], dtype=torch.float64)
+    zeros = torch.zeros(2, 1, dtype=torch.float64)
+    no = torch.zeros(2, 1, dtype=torch.bool)
+    end = torch.tensor([[True], [False]])
+    truncated = vtrace(zeros, rewards, values, no, end, gamma=0.5)
+    terminated = vtrace(zeros, rewards, values, end, no, gamma=0.5)
+    assert float(truncated.vs[0, 0]) == pytest.approx(1.0 + 0.5 * 10.0)  # final obs worth 10
+    assert float(terminated.vs[0, 0]) == pytest.approx(1.0)
+
+
+def test_reset_step_does_not_leak_into_previous_episode():
+    """A huge reward on the reset step (action ignored) must not change the previous step's target."""
+    T = 3
+    values = torch.zeros(T + 1, 1, dtype=torch.float64)
+    terminated = torch.tensor([[True], [False], [False]])
+    truncated = torch.zeros(T, 1, dtype=torch.bool)
+    base = torch.tensor([[1.0], [0.0], [0.0]], dtype=torch.float64)
+    spiked = base.clone()
+    spiked[1, 0] = 1000.0
+    a = vtrace(torch.zeros(T, 1, dtype=torch.float64), base, values, terminated, truncated, 0.99)
+    b = vtrace(torch.zeros(T, 1, dtype=torch.float64), spiked, values, terminated, truncated, 0.99)
+    assert float(a.vs[0, 0]) == float(b.vs[0, 0]) == 1.0

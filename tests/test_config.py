@@ -52,6 +52,7 @@ def run_cli(capsys, *args, tmp_path):
     (["--set", "algo.batch_size=64"], "smaller than one trajectory slot"),
     (["--set", "algo.batch_size=1000"], "must be a multiple of one trajectory slot"),
     (["--set", "sampler.num_rollout_workers=0"], "must be >= 1"),
+    (["--set", "run.train_for_seconds=-5"], "run.train_for_seconds must be > 0"),
     (["--set", "env.id=CartPol-v1"], "close matches: CartPole-v1"),
     (["--set", "env.id=NoSuchGame-v9"], "unknown env id 'NoSuchGame-v9'"),
     (["--set", "env.kwargs={no_such_arg: 1}"], "could not make env"),

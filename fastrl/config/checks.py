@@ -56,6 +56,8 @@ def check_config(cfg: Config) -> list[str]:
     for key, value in {"algo.value_coef": a.value_coef, "algo.entropy_coef": a.entropy_coef}.items():
         if value < 0:
             problems.append(f"{key} must be >= 0, got {value}")
+    if r.train_for_seconds is not None and r.train_for_seconds <= 0:
+        problems.append(f"run.train_for_seconds must be > 0 or null, got {r.train_for_seconds}")
     if a.value_clip is not None and a.value_clip <= 0:
         problems.append(f"algo.value_clip must be > 0 or null, got {a.value_clip}")
     if s.max_policy_lag < 0:

@@ -81,6 +81,7 @@ class SystemConfig:
 @dataclass
 class RunConfig:
     train_for_env_steps: int = opt(10_000_000, "Stop after this many env steps (not frames).")
+    train_for_seconds: Optional[float] = opt(None, "Also stop after this much wall time (seconds), if set.")
     stop_at_mean_return: Optional[float] = opt(None, "Stop early when the mean return of the last 100 episodes reaches this.")
     seed: int = opt(0, "Seed for envs and network initialisation.")
     report_interval_s: float = opt(5.0, "Seconds between console lines / TensorBoard points.")

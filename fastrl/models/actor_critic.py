@@ -44,7 +44,10 @@ class NatureCNN(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.convs(obs.float() * (1.0 / 255.0)))
+        x = obs.float() * (1.0 / 255.0)
+        if self.convs[0].weight.is_contiguous(memory_format=torch.channels_last):
+            x = x.contiguous(memory_format=torch.channels_last)  # match the learner's layout
+        return self.fc(self.convs(x))
 
 
 class ActorCritic(nn.Module):

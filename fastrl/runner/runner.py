@@ -160,6 +160,8 @@ class Runner:
                 self._check_children(control, spawned_at)
                 if stats.env_steps >= cfg.run.train_for_env_steps:
                     self.stop_reason = f"reached train_for_env_steps={cfg.run.train_for_env_steps:,}"
+                if cfg.run.train_for_seconds is not None and stats.wall_s >= cfg.run.train_for_seconds:
+                    self.stop_reason = f"reached train_for_seconds={cfg.run.train_for_seconds:g}"
                 target = cfg.run.stop_at_mean_return
                 if target is not None and len(stats.scores) == stats.scores.maxlen and stats.mean_score >= target:
                     self.stop_reason = f"mean return of the last {len(stats.scores)} episodes reached {target}"

@@ -118,6 +118,7 @@ class RunStats:
             "env_steps": self.env_steps, "frames": self.frames, "frames_per_env_step": self.frames_per_env_step,
             "wall_s": round(self.wall_s, 2),
             "mean_env_steps_per_s": round(run_env_steps / self.wall_s, 1) if self.wall_s > 0 else 0.0,
+            "env_steps_per_s_last_60s": round(self.rate(60), 1),
             "final_mean_return": self.mean_score, "episodes": self.episodes,
             "episodes_in_mean": len(self.scores),
             "policy_lag": {"min": None if self.lag_batches == 0 else self.lag_min, "mean": round(self.lag_mean, 2),

@@ -37,6 +37,9 @@ class Learner:
             raise RuntimeError("initial weights were not published by the runner")
         ctx.weights.load_into(self.model, staging)  # the runner's seeded initialisation
         self.model.to(self.device).train()
+        if ctx.spec.is_image:
+            # conv training is ~1.6x faster channels-last on CPU (measured on the Pong preset's CNN)
+            self.model.to(memory_format=torch.channels_last)
         self.trainer = APPOTrainer(self.model, cfg.algo, cfg.sampler.max_policy_lag)
         self.train_steps = 0  # batches trained
         self.slots_needed = slots_per_batch(cfg)

@@ -48,12 +48,6 @@ def gymnasium_ids() -> list[str]:
     return list(gym.envs.registry.keys())
 
 
-def choose_backend(env_cfg: EnvConfig) -> str:
-    if env_cfg.backend != "auto":
-        return env_cfg.backend
-    return "envpool" if env_cfg.id in envpool_ids() else "gymnasium"
-
-
 def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_per_env_step: int) -> EnvSpec:
     import gymnasium as gym
 

@@ -117,13 +117,14 @@ class RolloutWorker:
         self.t[split] = t
 
     def run(self) -> None:
-        for s, env in enumerate(self.envs):
-            self.slot[s] = self._free_slot()
-            self.obs[self.slot[s], 0] = env.reset().obs
-            self._request(s)
-        sent = [False] * self.num_splits
-        k = 0
         try:
+            # a stop can arrive while waiting for a first free slot: all waits raise _Stopped
+            for s, env in enumerate(self.envs):
+                self.slot[s] = self._free_slot()
+                self.obs[self.slot[s], 0] = env.reset().obs
+                self._request(s)
+            sent = [False] * self.num_splits
+            k = 0
             while True:
                 nxt = (k + 1) % self.num_splits
                 for split in (k, nxt):  # keep the next group stepping while we collect this one

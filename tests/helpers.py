@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -17,10 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 class RunProcess:
     """`python -m fastrl train ...` with its output collected and its children tracked."""
 
-    def __init__(self, *args: str, runs_dir: Path, name: str = "run"):
+    def __init__(self, *args: str, runs_dir: Path, name: str = "run", env: dict | None = None):
         self.run_dir = runs_dir / name
         cmd = [sys.executable, "-m", "fastrl", "train", "--runs-dir", str(runs_dir), "--name", name, *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                                     env=None if env is None else {**os.environ, **env})
         self.lines: list[str] = []
         self.children: set[int] = set()
         self._reader = threading.Thread(target=self._read, daemon=True)

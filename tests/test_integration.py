@@ -73,3 +73,15 @@ def test_gymnasium_backend_runs(tmp_path):
     assert "(gymnasium)" in run.output
     assert run.summary()["train_steps"] > 0
     assert_clean(run)
+
+
+def test_user_registered_gymnasium_env_runs(tmp_path):
+    """An env envpool lacks, registered by the user's own module, runs through the gymnasium backend."""
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "env.id=custom_env:FastrlTestChain-v0",
+                     "--set", "run.train_for_env_steps=10000", runs_dir=tmp_path,
+                     env={"PYTHONPATH": str(ROOT / "tests")})
+    assert run.wait(120) == 0, run.output
+    assert "(gymnasium)" in run.output
+    summary = run.summary()
+    assert summary["train_steps"] > 0 and summary["episodes"] > 0
+    assert_clean(run)

@@ -8,6 +8,7 @@ close matches.
 from __future__ import annotations
 
 import difflib
+import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,12 +68,23 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
 def resolve_env(env_cfg: EnvConfig) -> EnvSpec:
     """Probe the env named by the config; raise EnvError with a helpful message if it can't be made."""
     known_envpool = envpool_ids()
+    registered_id = env_cfg.id
+    if ":" in env_cfg.id:
+        # gymnasium's "module:EnvId": importing the user's module registers the env (every
+        # rollout worker does the same import through gym.make)
+        module, _, registered_id = env_cfg.id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise EnvError(f"env id '{env_cfg.id}': cannot import module '{module}': {e}") from e
+        if env_cfg.backend == "envpool":
+            raise EnvError(f"env id '{env_cfg.id}' names a Python module; only the gymnasium backend can run it")
     known_gym = gymnasium_ids()
     backend = env_cfg.backend
     if backend == "auto":
         backend = "envpool" if env_cfg.id in known_envpool else "gymnasium"
     known = known_envpool if backend == "envpool" else known_gym
-    if env_cfg.id not in known:
+    if registered_id not in known:
         close = difflib.get_close_matches(env_cfg.id, sorted(set(known_envpool) | set(known_gym)), n=5, cutoff=0.6)
         hint = f"; close matches: {', '.join(close)}" if close else ""
         where = "envpool" if env_cfg.backend == "envpool" else "envpool or gymnasium"

@@ -19,11 +19,10 @@ class SharedControl:
 
     @staticmethod
     def allocate(alloc: ShmAllocator, num_processes: int, num_rollout_workers: int) -> "SharedControl":
-        return SharedControl(alloc.array("flags", (4,), np.int64),
+        return SharedControl(alloc.array("flags", (1,), np.int64),
                              alloc.array("heartbeats", (num_processes,), np.float64),
                              alloc.array("env_steps", (num_rollout_workers,), np.int64))
 
-    # flags[0]: stop requested; flags[1]: learner policy version (mirrors weights, for stats)
     def request_stop(self) -> None:
         self.flags.array[0] = 1
 

@@ -46,6 +46,8 @@ class Runner:
         self.failure: str | None = None
         self.interrupts = 0
         self.procs: dict[str, mp.Process] = {}
+        self.hb_index: dict[str, int] = {}  # process name -> its cell in the heartbeat array
+        self.alloc = ShmAllocator()
 
     def say(self, text: str) -> None:
         self.log.info(text)
@@ -128,8 +130,6 @@ class Runner:
         removed = remove_stale_segments()
         if removed:
             self.log.info("removed %d shared-memory segments left by dead runs", len(removed))
-        self.alloc = ShmAllocator()
-        self.hb_index: dict[str, int] = {}
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         from tensorboardX import SummaryWriter
 

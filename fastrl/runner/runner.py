@@ -158,13 +158,7 @@ class Runner:
                 self._handle_reports(channels, stats, 0.2)
                 stats.on_env_steps(base_env_steps + control.total_env_steps())
                 self._check_children(control, spawned_at)
-                if stats.env_steps >= cfg.run.train_for_env_steps:
-                    self.stop_reason = f"reached train_for_env_steps={cfg.run.train_for_env_steps:,}"
-                if cfg.run.train_for_seconds is not None and stats.wall_s >= cfg.run.train_for_seconds:
-                    self.stop_reason = f"reached train_for_seconds={cfg.run.train_for_seconds:g}"
-                target = cfg.run.stop_at_mean_return
-                if target is not None and len(stats.scores) == stats.scores.maxlen and stats.mean_score >= target:
-                    self.stop_reason = f"mean return of the last {len(stats.scores)} episodes reached {target}"
+                self.stop_reason = self.stop_reason or finished_reason(cfg, stats)
                 if time.monotonic() - last_report >= cfg.run.report_interval_s:
                     last_report = time.monotonic()
                     self.say(stats.console_line(cfg.run.train_for_env_steps))
@@ -189,6 +183,19 @@ class Runner:
             self.alloc.unlink_all()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
+
+
+def finished_reason(cfg: Config, stats: RunStats) -> str | None:
+    """Why the run has reached one of its configured ends, or None while it should go on."""
+    run = cfg.run
+    if stats.env_steps >= run.train_for_env_steps:
+        return f"reached train_for_env_steps={run.train_for_env_steps:,}"
+    if run.train_for_seconds is not None and stats.wall_s >= run.train_for_seconds:
+        return f"reached train_for_seconds={run.train_for_seconds:g}"
+    full_window = len(stats.scores) == stats.scores.maxlen
+    if run.stop_at_mean_return is not None and full_window and stats.mean_score >= run.stop_at_mean_return:
+        return f"mean return of the last {len(stats.scores)} episodes reached {run.stop_at_mean_return}"
+    return None
 
 
 def format_summary(summary: dict, run_dir: Path) -> str:

@@ -32,29 +32,31 @@ class Learner:
         self.hb = heartbeat_index(cfg, "learner", 0)
         self.device = torch.device(cfg.system.device)
         self.model = ActorCritic(ctx.spec, cfg.model)
+        # The runner published the starting weights (seeded init, or the resumed checkpoint's
+        # model) with their policy version; start from exactly those instead of loading twice.
         staging = ctx.weights.new_staging()
-        if ctx.weights.try_read(staging) is None:
+        initial_version = ctx.weights.try_read(staging)
+        if initial_version is None:
             raise RuntimeError("initial weights were not published by the runner")
-        ctx.weights.load_into(self.model, staging)  # the runner's seeded initialisation
+        ctx.weights.load_into(self.model, staging)
         self.model.to(self.device).train()
         if ctx.spec.is_image:
             # conv training is ~1.6x faster channels-last on CPU (measured on the Pong preset's CNN)
             self.model.to(memory_format=torch.channels_last)
         self.trainer = APPOTrainer(self.model, cfg.algo, cfg.sampler.max_policy_lag)
+        self.trainer.policy_version = initial_version
         self.train_steps = 0  # batches trained
         self.slots_needed = slots_per_batch(cfg)
         self.pending: list[int] = []
         self.ckpt_dir = Path(ctx.checkpoint_dir)
         if ctx.resume_checkpoint:
             self._restore(Path(ctx.resume_checkpoint))
-        self._publish()
 
     # --- checkpoints
     def _restore(self, path: Path) -> None:
+        """Optimizer and counters; the model itself arrived through the published weights."""
         state = load_checkpoint(path)
-        self.model.load_state_dict(state["model"])
         self.trainer.optimizer.load_state_dict(state["optimizer"])
-        self.trainer.policy_version = int(state["policy_version"])
         self.train_steps = int(state["train_steps"])
         self.log.info("resumed from %s at policy version %d", path, self.trainer.policy_version)
 

@@ -12,20 +12,43 @@ import sys
 from pathlib import Path
 
 EXIT_CONFIG = 2
+STAGES = ("env", "infer", "learn", "sample", "train")  # fastrl.bench.report.STAGES, without importing torch
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastrl", description="High-throughput asynchronous APPO/V-trace trainer.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train an agent")
-    train.add_argument("--config", help="YAML preset (e.g. configs/cartpole.yaml); defaults apply to anything unset")
+    train.add_argument("--config", action="append",
+                       help="YAML preset (e.g. configs/cartpole.yaml); repeat to layer an overlay on it; "
+                            "defaults apply to anything unset")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one setting; repeatable (e.g. --set algo.lr=3e-4)")
     train.add_argument("--name", help="run name (default: <env>_<date>_<time>)")
     train.add_argument("--runs-dir", default="runs", help="where run directories go (default: ./runs)")
     train.add_argument("--resume", action="store_true", help="continue run --name from its latest checkpoint")
     train.add_argument("--help-config", action="store_true", help="list every setting with its type, default and help")
+
+    bench = sub.add_parser("bench", help="measure throughput stage by stage against the machine bound")
+    _config_args(bench)
+    bench.add_argument("--seconds", type=float, default=60.0, help="measuring time per stage (default 60)")
+    bench.add_argument("--stage", dest="stages", action="append", choices=list(STAGES),
+                       help="run only this stage; repeatable (default: all five)")
+    bench.add_argument("--json", help="also write the result document here")
+
+    tune = sub.add_parser("tune", help="search worker/env/thread counts for the fastest training on this box")
+    _config_args(tune)
+    tune.add_argument("--budget-s", type=float, default=600.0, help="total time for the search (default 600)")
+    tune.add_argument("--trial-s", type=float, default=20.0, help="measuring time of one trial (default 20)")
+    tune.add_argument("--out", default="tune_out", help="folder for the overlay YAML, table and chart")
     return parser
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", action="append",
+                   help="YAML preset (e.g. configs/atari_pong.yaml); repeat to layer an overlay on it")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one setting; repeatable")
 
 
 def _config_error(problems: list[str]) -> int:
@@ -35,8 +58,28 @@ def _config_error(problems: list[str]) -> int:
     return EXIT_CONFIG
 
 
+def _load(config_path: str | None, overrides: list[str], saved: dict | None = None):
+    """(config, env spec), or the exit code after reporting every problem found."""
+    from fastrl.config import ConfigError, check_config, load_config
+    from fastrl.envs import EnvError, resolve_env
+
+    try:
+        cfg = load_config(config_path, overrides, saved=saved)
+    except ConfigError as e:
+        return _config_error(e.problems)
+    problems = check_config(cfg)
+    spec = None
+    try:
+        spec = resolve_env(cfg.env)
+    except EnvError as e:
+        problems.append(str(e))
+    if problems:
+        return _config_error(problems)
+    return cfg, spec
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from fastrl.config import ConfigError, check_config, config_to_dict, load_config
+    from fastrl.config import config_to_dict
     from fastrl.config.loader import describe_config
 
     if args.help_config:
@@ -45,22 +88,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     runs_dir = Path(args.runs_dir)
     saved = None
     saved_path = runs_dir / (args.name or "") / "config.json"
-    if args.resume and args.name and args.config is None and saved_path.exists():
+    if args.resume and args.name and not args.config and saved_path.exists():
         saved = json.loads(saved_path.read_text())  # continue with the run's own resolved config
-    try:
-        cfg = load_config(args.config, args.overrides, saved=saved)
-    except ConfigError as e:
-        return _config_error(e.problems)
-    problems = check_config(cfg)
-    from fastrl.envs import EnvError, resolve_env
-
-    spec = None
-    try:
-        spec = resolve_env(cfg.env)
-    except EnvError as e:
-        problems.append(str(e))
-    if problems:
-        return _config_error(problems)
+    loaded = _load(args.config, args.overrides, saved)
+    if isinstance(loaded, int):
+        return loaded
+    cfg, spec = loaded
 
     from fastrl.rundir import RunDirError, latest_checkpoint, prepare_run_dir
 
@@ -78,11 +111,51 @@ def cmd_train(args: argparse.Namespace) -> int:
     return Runner(cfg, spec, run_dir, resume_ckpt).run()
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    loaded = _load(args.config, args.overrides)
+    if isinstance(loaded, int):
+        return loaded
+    cfg, spec = loaded
+    from fastrl.bench.report import Progress, format_table
+    from fastrl.bench.stages import run_bench
+    from fastrl.bench.system import BenchInterrupted
+
+    try:
+        result = run_bench(cfg, spec, " + ".join(args.config or ["defaults"]), args.overrides, args.seconds,
+                           args.stages or list(STAGES),
+                           Progress())
+    except (BenchInterrupted, KeyboardInterrupt):
+        print("fastrl bench: interrupted", file=sys.stderr)
+        return 130
+    print(format_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    loaded = _load(args.config, args.overrides)
+    if isinstance(loaded, int):
+        return loaded
+    cfg, spec = loaded
+    from fastrl.bench.report import Progress
+    from fastrl.bench.system import BenchInterrupted
+    from fastrl.bench.tune import Tuner
+
+    tuner = Tuner(cfg, spec, args.config or [], args.overrides, args.budget_s, args.trial_s, Path(args.out), Progress())
+    try:
+        tuner.run()
+    except (BenchInterrupted, KeyboardInterrupt):
+        print("fastrl tune: interrupted; writing what was measured", file=sys.stderr)
+    print(tuner.finish())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "train":
-        return cmd_train(args)
-    return EXIT_CONFIG
+    commands = {"train": cmd_train, "bench": cmd_bench, "tune": cmd_tune}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

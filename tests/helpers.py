@@ -16,11 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class RunProcess:
-    """`python -m fastrl train ...` with its output collected and its children tracked."""
+    """`python -m fastrl train ...` (or another command) with its output collected and its children tracked."""
 
-    def __init__(self, *args: str, runs_dir: Path, name: str = "run", env: dict | None = None):
-        self.run_dir = runs_dir / name
-        cmd = [sys.executable, "-m", "fastrl", "train", "--runs-dir", str(runs_dir), "--name", name, *args]
+    def __init__(self, *args: str, runs_dir: Path | None = None, name: str = "run", env: dict | None = None,
+                 command: str = "train"):
+        self.run_dir = None if runs_dir is None else runs_dir / name
+        cmd = [sys.executable, "-m", "fastrl", command, *args]
+        if command == "train":
+            cmd[4:4] = ["--runs-dir", str(runs_dir), "--name", name]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                                      env=None if env is None else {**os.environ, **env})
         self.lines: list[str] = []

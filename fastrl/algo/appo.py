@@ -15,6 +15,7 @@ from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
 from fastrl.models import ActorCritic
 
+LAG_HIST_BINS = 256  # policy lags >= this many versions share the last bin of the histogram
 BATCH_KEYS = ("obs", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "valid", "policy_version")
 
 
@@ -85,6 +86,7 @@ class APPOTrainer:
             lag_min=float(valid_lag.min()) if valid_lag.numel() else 0.0,
             lag_mean=float(valid_lag.float().mean()) if valid_lag.numel() else 0.0,
             lag_max=float(valid_lag.max()) if valid_lag.numel() else 0.0,
+            lag_hist=torch.bincount(valid_lag.clamp(0, LAG_HIST_BINS - 1).long(), minlength=LAG_HIST_BINS).tolist(),
             dropped_for_lag=int((valid & ~fresh).sum()), valid_samples=int(valid.sum()),
             samples=int(valid.numel()), lr=self.optimizer.param_groups[0]["lr"],
         )

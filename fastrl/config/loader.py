@@ -149,14 +149,18 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = (), saved: dict | None = None) -> Config:
-    """Build a Config from defaults, a saved config.json mapping or a YAML file, then `--set` overrides."""
+def load_config(path: str | Path | list | None = None, overrides: list[str] = (), saved: dict | None = None) -> Config:
+    """Build a Config from defaults, a saved config.json mapping or YAML files, then `--set` overrides.
+
+    Several YAML files apply in order, later over earlier: a preset, then an overlay such as the
+    one `fastrl tune` writes.
+    """
     cfg = Config()
     problems: list[str] = []
     if saved is not None:
         apply_mapping(cfg, saved, "saved config.json", problems)
-    if path is not None:
-        p = Path(path)
+    paths = [] if path is None else list(path) if isinstance(path, (list, tuple)) else [path]
+    for p in map(Path, paths):
         try:
             data = yaml.safe_load(p.read_text())
         except FileNotFoundError:

@@ -74,6 +74,8 @@ class SystemConfig:
     device: Literal["cpu", "cuda"] = opt("cpu", "Device of the learner and the inference workers.")
     learner_threads: int = opt(1, "torch intra-op threads in the learner.")
     inference_threads: int = opt(1, "torch intra-op threads in each inference worker.")
+    learner_discards_batches: bool = opt(
+        False, "Benchmark mode: the learner frees every batch untrained, so a run measures sampling alone.")
     heartbeat_timeout_s: float = opt(60.0, "A child silent for this long is reported as hung and the run stops.")
     startup_timeout_s: float = opt(120.0, "Time allowed for all children to start.")
 

@@ -24,6 +24,7 @@ class RunStats:
         self.learner: dict = {}
         self.rate_points: deque = deque()  # (monotonic time, env_steps), last ~60 s
         self.lag_min, self.lag_max, self.lag_sum, self.lag_batches = float("inf"), 0.0, 0.0, 0
+        self.lag_hist = np.zeros(0, dtype=np.int64)  # samples trained per policy lag (versions behind)
         self.dropped_for_lag = 0
         self.first_sample_s: float | None = None
 
@@ -40,7 +41,14 @@ class RunStats:
                 self.lag_max = max(self.lag_max, msg["lag_max"])
                 self.lag_sum += msg["lag_mean"]
                 self.lag_batches += 1
+                self.add_lag_hist(msg.get("lag_hist", []))
             self.dropped_for_lag += msg["dropped_for_lag"]
+
+    def add_lag_hist(self, counts: list) -> None:
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.size > self.lag_hist.size:
+            self.lag_hist = np.pad(self.lag_hist, (0, counts.size - self.lag_hist.size))
+        self.lag_hist[:counts.size] += counts
 
     def on_env_steps(self, env_steps: int) -> None:
         now = time.monotonic()
@@ -76,6 +84,9 @@ class RunStats:
     def learner_busy_fraction(self) -> float:
         busy, wait = self.learner.get("busy_s", 0.0), self.learner.get("wait_s", 0.0)
         return busy / (busy + wait) if busy + wait > 0 else 0.0
+
+    def lag_quantile(self, q: float) -> int | None:
+        return hist_quantile(self.lag_hist, q)
 
     @property
     def lag_mean(self) -> float:
@@ -122,9 +133,17 @@ class RunStats:
             "final_mean_return": self.mean_score, "episodes": self.episodes,
             "episodes_in_mean": len(self.scores),
             "policy_lag": {"min": None if self.lag_batches == 0 else self.lag_min, "mean": round(self.lag_mean, 2),
-                           "max": self.lag_max},
+                           "p50": self.lag_quantile(0.5), "p95": self.lag_quantile(0.95), "max": self.lag_max},
             "samples_dropped_for_lag": self.dropped_for_lag,
             "learner_busy_fraction": round(self.learner_busy_fraction, 4),
             "policy_version": self.learner.get("policy_version", 0), "train_steps": self.learner.get("train_steps", 0),
             "time_to_first_sample_s": None if self.first_sample_s is None else round(self.first_sample_s, 2),
         }
+
+
+def hist_quantile(counts: np.ndarray, q: float) -> int | None:
+    """The smallest bin value v with at least a fraction q of the counted samples at or below v."""
+    total = int(counts.sum())
+    if total == 0:
+        return None
+    return int(np.searchsorted(np.cumsum(counts), q * total))

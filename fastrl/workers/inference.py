@@ -75,12 +75,17 @@ class InferenceWorker:
             replies[worker].append(split)
         for worker, splits in replies.items():
             self.ctx.channels.action_replies[worker].put_many(splits)
+        counts = self.ctx.control.inference_counts.array[self.index]
+        counts[0] += 1
+        counts[1] += offset
 
     def run(self) -> None:
         self._wait_for_first_weights()
         control = self.ctx.control
         while not control.stop_requested:
+            started = time.perf_counter()
             requests = get_many(self.requests, POLL_S)
+            control.add_wait(self.hb, time.perf_counter() - started)
             control.beat(self.hb)
             if requests:
                 self.step(requests)

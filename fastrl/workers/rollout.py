@@ -10,6 +10,7 @@ carrying the bootstrap observation over as the new slot's first.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -54,17 +55,24 @@ class RolloutWorker:
 
     # --- waiting, always with an eye on the stop flag
     def _free_slot(self) -> int:
-        while True:
-            got = get_many(self.ctx.channels.free_slots, POLL_S, max_messages=1)
-            if got:
-                return got[0]
-            self._idle()
+        started = time.perf_counter()
+        try:
+            while True:
+                got = get_many(self.ctx.channels.free_slots, POLL_S, max_messages=1)
+                if got:
+                    return got[0]
+                self._idle()
+        finally:
+            self.ctx.control.add_wait(self.hb, time.perf_counter() - started)
 
     def _wait_actions(self, split: int) -> None:
-        while split not in self.ready:
-            self.ready.update(get_many(self.replies, POLL_S))
-            if split not in self.ready:
-                self._idle()
+        if split not in self.ready:
+            started = time.perf_counter()
+            while split not in self.ready:
+                self.ready.update(get_many(self.replies, POLL_S))
+                if split not in self.ready:
+                    self._idle()
+            self.ctx.control.add_wait(self.hb, time.perf_counter() - started)
         self.ready.discard(split)
 
     def _idle(self) -> None:

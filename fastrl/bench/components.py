@@ -1,0 +1,217 @@
+"""The three isolated stages of `fastrl bench`: each part of the system alone, at the preset's
+sizes, so the machine bound `C / (1/env + 1/infer + epochs/learn)` can be computed.
+
+- env:   the preset's rollout workers as processes stepping their envs (same splits, envs and
+         threads) with random actions, double-buffered like the real rollout loop.
+- infer: the policy forward + action sampling at the batch an inference worker sees.
+- learn: APPO training steps on a synthetic batch of the preset's size and epochs.
+
+Per-core rates divide by the CPU seconds the stage consumed (psutil / process_time), so a stage
+that used 1.6 cores is not credited as if it used one.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fastrl.algo.appo import APPOTrainer
+from fastrl.bench.measure import Spread, TreeSampler, spread, window_rates
+from fastrl.config.checks import envs_per_split
+from fastrl.config.schema import Config
+from fastrl.envs import EnvSpec, make_split
+from fastrl.workers.learner import build_learner_model
+
+Progress = Callable[[float, str], None]  # (fraction done, text)
+ACTION_POOL = 16  # random action batches cycled through, so the stage does not time the RNG
+
+
+@dataclass
+class ComponentResult:
+    rate: Spread             # per second of wall time, all cores the stage used
+    per_core: float          # per CPU second
+    cpu_cores_used: float    # CPU seconds / wall seconds over the measurement
+    measured_s: float
+    detail: dict
+
+    def as_dict(self, unit: str) -> dict:
+        return {f"{unit}_per_s": self.rate.as_dict(), f"{unit}_per_core_s": round(self.per_core, 1),
+                "cpu_cores_used": round(self.cpu_cores_used, 2), "measured_s": round(self.measured_s, 1),
+                **self.detail}
+
+
+def random_actions(spec: EnvSpec, num_envs: int, rng: np.random.Generator) -> np.ndarray:
+    if spec.discrete:
+        return rng.integers(0, spec.num_actions, size=num_envs, dtype=np.int32)
+    low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
+    return rng.uniform(low, high, size=(num_envs, spec.num_actions)).astype(np.float32)
+
+
+def env_worker(cfg: Config, spec: EnvSpec, index: int, counters) -> None:
+    """One rollout worker's envs with random actions; counters[index] = env steps, counters[-1] = stop."""
+    torch.set_num_threads(1)
+    n_envs = envs_per_split(cfg)
+    seed = cfg.run.seed * 1_000_003 + index * cfg.sampler.num_envs_per_worker
+    envs = [make_split(cfg.env, spec, n_envs, cfg.sampler.env_threads, seed + s * n_envs)
+            for s in range(cfg.sampler.num_splits)]
+    rng = np.random.default_rng(seed)
+    pool = [random_actions(spec, n_envs, rng) for _ in range(ACTION_POOL)]
+    for env in envs:
+        env.reset()
+        env.send(pool[0])
+    k = i = 0
+    while counters[-1] == 0:
+        envs[k].recv()
+        counters[index] += n_envs
+        i = (i + 1) % ACTION_POOL
+        envs[k].send(pool[i])  # this group steps while the loop collects the next one
+        k = (k + 1) % len(envs)
+    for env in envs:
+        env.close()
+
+
+def _sample_counter(read: Callable[[], float], seconds: float, warmup_s: float, progress: Progress,
+                    label: str, window_s: float, on_start: Callable[[], None], on_stop: Callable[[], None],
+                    ready: Callable[[], bool] = lambda: True) -> tuple[list, float, float]:
+    """Poll a cumulative counter: wait until `ready`, warm up, then record points for `seconds`."""
+    while not ready():
+        time.sleep(0.05)
+    time.sleep(warmup_s)
+    on_start()
+    t0 = time.monotonic()
+    points = [(0.0, read())]
+    while True:
+        time.sleep(0.25)
+        now = time.monotonic() - t0
+        points.append((now, read()))
+        rate = (points[-1][1] - points[0][1]) / max(now, 1e-9)
+        progress(min(1.0, now / seconds), f"{label} {rate:,.0f}/s")
+        if now >= seconds:
+            break
+    on_stop()
+    return points, points[-1][1] - points[0][1], points[-1][0]
+
+
+def bench_env(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> ComponentResult:
+    ctx = mp.get_context("spawn")
+    workers = cfg.sampler.num_rollout_workers
+    counters = ctx.RawArray("q", workers + 1)
+    procs = [ctx.Process(target=env_worker, args=(cfg, spec, i, counters), daemon=True, name=f"bench-env-{i}")
+             for i in range(workers)]
+    for p in procs:
+        p.start()
+    sampler = TreeSampler()
+    for i, p in enumerate(procs):
+        sampler.add(f"env-{i}", p.pid)
+    try:
+        def ready() -> bool:
+            if any(p.exitcode is not None for p in procs):
+                raise RuntimeError("an env benchmark process died; see its output above")
+            return all(counters[i] > 0 for i in range(workers))
+
+        points, count, wall = _sample_counter(lambda: float(sum(counters[:workers])), seconds, min(2.0, seconds / 4),
+                                              progress, "env steps", max(1.0, seconds / 10), sampler.start,
+                                              sampler.stop, ready)
+    finally:
+        counters[workers] = 1
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    cpu_s = sampler.cpu_seconds()
+    return ComponentResult(spread(window_rates(points, max(1.0, seconds / 10))), count / max(cpu_s, 1e-9),
+                           cpu_s / wall, wall, {"envs": workers * cfg.sampler.num_envs_per_worker,
+                                          "env_threads_total": workers * cfg.sampler.num_splits * cfg.sampler.env_threads})
+
+
+def inference_batch_size(cfg: Config) -> int:
+    """What an inference worker typically gets: one pending split from each rollout worker it serves."""
+    per_worker = -(-cfg.sampler.num_rollout_workers // cfg.sampler.num_inference_workers)
+    return envs_per_split(cfg) * per_worker
+
+
+def random_obs(spec: EnvSpec, shape: tuple, gen: torch.Generator) -> torch.Tensor:
+    if np.issubdtype(spec.obs_dtype, np.integer):
+        return torch.randint(0, 256, (*shape, *spec.obs_shape), dtype=torch.uint8, generator=gen)
+    return torch.randn((*shape, *spec.obs_shape), generator=gen)
+
+
+def _timed_loop(step: Callable[[], int], seconds: float, progress: Progress, label: str) -> tuple[list, int, float, float]:
+    """Run `step` (returns items done) repeatedly after one warm-up call; points for window rates."""
+    step()
+    points = [(0.0, 0.0)]
+    done = 0
+    cpu0, t0 = time.process_time(), time.monotonic()
+    last_progress = 0.0
+    while True:
+        done += step()
+        now = time.monotonic() - t0
+        points.append((now, float(done)))
+        if now - last_progress >= 0.25:
+            last_progress = now
+            progress(min(1.0, now / seconds), f"{label} {done / now:,.0f}/s")
+        if now >= seconds:
+            break
+    return points, done, time.process_time() - cpu0, points[-1][0]
+
+
+def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> ComponentResult:
+    from fastrl.models import ActorCritic
+
+    torch.set_num_threads(cfg.system.inference_threads)
+    batch = inference_batch_size(cfg)
+    model = ActorCritic(spec, cfg.model).eval()
+    obs = random_obs(spec, (batch,), torch.Generator().manual_seed(0))
+
+    def step() -> int:
+        with torch.inference_mode():
+            params, _ = model(obs)
+            model.sample(params)
+        return batch
+
+    points, done, cpu_s, wall = _timed_loop(step, seconds, progress, "samples")
+    return ComponentResult(spread(window_rates(points, max(1.0, seconds / 10))), done / max(cpu_s, 1e-9),
+                           cpu_s / wall, wall, {"batch": batch, "torch_threads": cfg.system.inference_threads})
+
+
+def synthetic_batch(cfg: Config, spec: EnvSpec, seed: int = 0) -> dict:
+    """A learner batch of the preset's shape: [T(+1), B] with a few episode ends and reset steps."""
+    gen = torch.Generator().manual_seed(seed)
+    T = cfg.sampler.rollout_len
+    B = cfg.algo.batch_size // T
+    if spec.discrete:
+        actions = torch.randint(0, spec.num_actions, (T, B), dtype=torch.int32, generator=gen)
+    else:
+        actions = torch.randn((T, B, spec.num_actions), generator=gen)
+    ends = torch.rand((T, B), generator=gen) < 0.01
+    return {"obs": random_obs(spec, (T + 1, B), gen), "actions": actions,
+            "log_probs": torch.full((T, B), -1.0), "values": torch.randn((T, B), generator=gen),
+            "rewards": torch.randn((T, B), generator=gen), "terminated": ends,
+            "truncated": torch.zeros((T, B), dtype=torch.bool), "valid": torch.ones((T, B), dtype=torch.bool),
+            "policy_version": torch.zeros((T, B), dtype=torch.int64)}
+
+
+def bench_learn(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> ComponentResult:
+    torch.set_num_threads(cfg.system.learner_threads)
+    torch.manual_seed(cfg.run.seed)
+    model = build_learner_model(spec, cfg)
+    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag)
+    batch = synthetic_batch(cfg, spec)
+    passes = cfg.algo.batch_size * cfg.algo.num_epochs
+
+    def step() -> int:
+        batch["policy_version"].fill_(trainer.policy_version)  # on-policy: nothing masked for lag
+        trainer.train(batch)
+        return passes
+
+    points, done, cpu_s, wall = _timed_loop(step, seconds, progress, "samples")
+    return ComponentResult(spread(window_rates(points, max(1.0, seconds / 10))), done / max(cpu_s, 1e-9),
+                           cpu_s / wall, wall, {"batch_size": cfg.algo.batch_size, "epochs": cfg.algo.num_epochs,
+                                          "minibatches": cfg.algo.num_minibatches,
+                                          "torch_threads": cfg.system.learner_threads,
+                                          "note": "samples/s count every epoch's pass over the batch"})

@@ -1,0 +1,155 @@
+"""Arithmetic and presentation of `fastrl bench`: the machine bound, the efficiency, the
+bottleneck in words, the printed table and the JSON document.
+
+The bound (design.md §6), with per-core rates (per CPU second) of the isolated stages:
+    bound_env_steps_per_s = C / (1/env + 1/infer + epochs/learn)
+where `learn` counts samples of one pass over a batch. The sampling bound drops the learner term.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+SCHEMA_VERSION = 1
+STAGES = ("env", "infer", "learn", "sample", "train")
+
+
+def machine_bound(cores: int, env_per_core: float, infer_per_core: float, learn_per_core: float | None,
+                  epochs: int) -> float:
+    """Env steps/s with C cores and perfect overlap; learn_per_core None = sampling only."""
+    cost_s = 1.0 / env_per_core + 1.0 / infer_per_core
+    if learn_per_core is not None:
+        cost_s += epochs / learn_per_core
+    return cores / cost_s
+
+
+def bottleneck(stage: dict, cores: int) -> str:
+    """Which part limits a system stage, in words, from its busy/idle fractions and CPU use."""
+    lb, ri, ib = stage["learner_busy_fraction"], stage["rollout_idle_fraction"], stage["inference_busy_fraction"]
+    cpu = stage["cpu_percent_total"]
+    if lb >= 0.9 and stage.get("learner_trains", True):
+        kind = "learner-bound"
+    elif ri <= 0.1:
+        kind = "env-bound"
+    elif ib >= 0.9:
+        kind = "inference-bound"
+    elif cpu >= 90.0 * cores:
+        kind = f"CPU-bound (all {cores} cores busy)"
+    else:
+        kind = "latency-bound (no process saturated)"
+    learner = f"learner busy {lb:.0%}, " if stage.get("learner_trains", True) else ""
+    return (f"{kind}: {learner}rollout workers idle {ri:.0%}, inference busy {ib:.0%}; "
+            f"processes use {cpu:.0f}% CPU of {100 * cores}%")
+
+
+def summarize(result: dict) -> None:
+    """Fill in the bound, efficiency and bottleneck from whatever stages ran."""
+    stages, cores = result["stages"], result["cores"]
+    env, infer, learn = (stages.get(k) for k in ("env", "infer", "learn"))
+    bound: dict = {"cores": cores, "formula": "C / (1/env + 1/infer + epochs/learn), per-core rates"}
+    if env and infer:
+        e, i = env["env_steps_per_core_s"], infer["samples_per_core_s"]
+        bound["sample_env_steps_per_s"] = round(machine_bound(cores, e, i, None, 1), 1)
+        if learn:
+            bound["train_env_steps_per_s"] = round(
+                machine_bound(cores, e, i, learn["samples_per_core_s"], result["counts"]["epochs"]), 1)
+    result["bound"] = bound
+    eff = {}
+    for stage, key in (("train", "train_env_steps_per_s"), ("sample", "sample_env_steps_per_s")):
+        if stage in stages and key in bound:
+            eff[stage] = round(stages[stage]["env_steps_per_s"]["median"] / bound[key], 3)
+    result["efficiency"] = eff
+    for stage in ("sample", "train"):
+        if stage in stages:
+            stages[stage]["bottleneck"] = bottleneck(stages[stage], cores)
+    last = "train" if "train" in stages else "sample" if "sample" in stages else None
+    result["bottleneck"] = stages[last]["bottleneck"] if last else None
+
+
+def _spread_text(s: dict) -> str:
+    if not s["windows"]:
+        return "n/a"
+    return f"{s['median']:>10,.0f}   {s['min']:,.0f}-{s['max']:,.0f} ({s['windows']} windows)"
+
+
+def format_table(result: dict) -> str:
+    stages, fpe = result["stages"], result["frames_per_env_step"]
+    lines = [f"fastrl bench: {result['env_id']}, {result['cores']} cores, preset {result['config']}",
+             f"{'stage':<7} {'what':<38} {'median':>10}   {'spread (min-max, windows)':<34} per core"]
+    rows = {"env": ("env steps/s, random actions", "env_steps"), "infer": ("", "samples"),
+            "learn": ("", "samples"), "sample": ("env steps/s, learner discards", None),
+            "train": ("env steps/s, training", None)}
+    for name in STAGES:
+        if name not in stages:
+            continue
+        st = stages[name]
+        what, unit = rows[name]
+        if name == "infer":
+            what = f"samples/s at batch {st['batch']}"
+        elif name == "learn":
+            what = f"samples/s, {st['epochs']} epoch(s), batch {st['batch_size']}"
+        key = f"{unit}_per_s" if unit else "env_steps_per_s"
+        per_core = f"{st[f'{unit}_per_core_s']:,.0f}" if unit else ""
+        lines.append(f"{name:<7} {what:<38} {_spread_text(st[key]):<47} {per_core}")
+        if fpe > 1 and name in ("env", "sample", "train"):
+            lines.append(f"{'':<7} {'  frames/s (x' + str(fpe) + ' frames per env step)':<38} "
+                         f"{st[key]['median'] * fpe:>10,.0f}")
+    bound, eff = result["bound"], result["efficiency"]
+    if "train_env_steps_per_s" in bound:
+        lines.append(f"machine bound (train): {bound['train_env_steps_per_s']:,.0f} env steps/s = "
+                     f"{bound['cores']} / (1/env + 1/infer + epochs/learn)")
+    if "sample_env_steps_per_s" in bound:
+        lines.append(f"machine bound (sample): {bound['sample_env_steps_per_s']:,.0f} env steps/s = "
+                     f"{bound['cores']} / (1/env + 1/infer)")
+    for stage, value in eff.items():
+        lines.append(f"efficiency ({stage} / bound): {value:.0%}")
+    for name in ("sample", "train"):
+        if name not in stages:
+            continue
+        st = stages[name]
+        lag = st["policy_lag"]
+        procs = ", ".join(f"{p['name'].removeprefix('fastrl-')} {p['cpu_percent']:.0f}% {p['pss_mib']:.0f} MiB"
+                          for p in st["processes"])
+        lines += [f"{name}: {st['bottleneck']}",
+                  f"  learner busy {st['learner_busy_fraction']:.0%} / waiting {st['learner_wait_fraction']:.0%}; "
+                  f"inference batch {st['inference_mean_batch']:.0f}; policy lag p50/p95/max "
+                  f"{lag['p50']}/{lag['p95']}/{lag['max']}; dropped for lag {st['samples_dropped_for_lag']:,}",
+                  f"  per process (CPU %, PSS): {procs}",
+                  f"  peak total PSS {st['peak_total_pss_mib']:,.0f} MiB (summed RSS {st['peak_total_rss_mib']:,.0f} MiB); "
+                  f"first sample after {st['time_to_first_sample_s']:.1f} s"]
+    if result.get("bottleneck"):
+        lines.append(f"bottleneck: {result['bottleneck']}")
+    return "\n".join(lines)
+
+
+class Progress:
+    """One status line per stage: rewritten in place on a terminal, every few seconds otherwise."""
+
+    def __init__(self, stream=None, every_s: float = 5.0):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.every_s = every_s
+        self.stage = ""
+        self.last = 0.0
+
+    def begin(self, index: int, total: int, stage: str) -> None:
+        self.stage = f"[{index}/{total}] {stage}" if total else f"[{index}] {stage}"
+        self.last = 0.0
+
+    def __call__(self, fraction: float, text: str) -> None:
+        now = time.monotonic()
+        if not self.tty and now - self.last < self.every_s:
+            return
+        self.last = now
+        bar = "#" * int(20 * fraction) + "." * (20 - int(20 * fraction))
+        line = f"{self.stage} [{bar}] {text}"
+        if self.tty:
+            self.stream.write("\r" + line[:120].ljust(120))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def end(self, text: str) -> None:
+        self.stream.write(("\r" if self.tty else "") + f"{self.stage}: {text}".ljust(120 if self.tty else 0) + "\n")
+        self.stream.flush()

@@ -1,0 +1,59 @@
+"""`fastrl bench`: runs the chosen stages one after another and assembles the result document."""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import torch
+
+from fastrl.bench.components import bench_env, bench_infer, bench_learn
+from fastrl.bench.measure import available_cores
+from fastrl.bench.report import SCHEMA_VERSION, STAGES, Progress, summarize
+from fastrl.bench.system import bench_system
+from fastrl.config.checks import envs_per_split
+from fastrl.config.schema import Config
+from fastrl.envs import EnvSpec
+
+
+def counts(cfg: Config) -> dict:
+    """The settings that decide throughput, as measured."""
+    s = cfg.sampler
+    return {"num_rollout_workers": s.num_rollout_workers, "num_envs_per_worker": s.num_envs_per_worker,
+            "num_splits": s.num_splits, "envs_per_split": envs_per_split(cfg), "env_threads": s.env_threads,
+            "rollout_len": s.rollout_len, "num_inference_workers": s.num_inference_workers,
+            "batch_size": cfg.algo.batch_size, "epochs": cfg.algo.num_epochs,
+            "minibatches": cfg.algo.num_minibatches, "learner_threads": cfg.system.learner_threads,
+            "inference_threads": cfg.system.inference_threads}
+
+
+def run_bench(cfg: Config, spec: EnvSpec, config_path: str | None, overrides: list[str], seconds: float,
+              stages: list[str], progress: Progress) -> dict:
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+    result = {"schema_version": SCHEMA_VERSION, "config": config_path, "overrides": overrides,
+              "env_id": cfg.env.id, "backend": spec.backend, "frames_per_env_step": spec.frames_per_env_step,
+              "cores": available_cores(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+              "seconds_per_stage": seconds, "counts": counts(cfg), "stages": {}}
+    ordered = [s for s in STAGES if s in stages]
+    for i, stage in enumerate(ordered, 1):
+        progress.begin(i, len(ordered), stage)
+        started = time.monotonic()
+        if stage == "env":
+            out = bench_env(cfg, spec, seconds, progress).as_dict("env_steps")
+            text = f"{out['env_steps_per_s']['median']:,.0f} env steps/s"
+        elif stage == "infer":
+            out = bench_infer(cfg, spec, seconds, progress).as_dict("samples")
+            text = f"{out['samples_per_s']['median']:,.0f} samples/s"
+        elif stage == "learn":
+            out = bench_learn(cfg, spec, seconds, progress).as_dict("samples")
+            text = f"{out['samples_per_s']['median']:,.0f} samples/s"
+        else:
+            out = bench_system(cfg, spec, seconds, progress, discard=(stage == "sample"))
+            text = f"{out['env_steps_per_s']['median']:,.0f} env steps/s"
+        out["stage_wall_s"] = round(time.monotonic() - started, 1)
+        result["stages"][stage] = out
+        progress.end(text)
+    summarize(result)
+    return result

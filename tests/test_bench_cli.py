@@ -1,0 +1,71 @@
+"""`fastrl bench` and `fastrl tune` end to end on CartPole, a few seconds per stage: the plumbing,
+the JSON document and the files the tuner writes. Speeds are never asserted."""
+
+import json
+
+import pytest
+
+from fastrl.config import load_config
+from helpers import ROOT, RunProcess
+
+pytestmark = pytest.mark.integration
+CARTPOLE = str(ROOT / "configs/cartpole.yaml")
+
+
+def test_bench_runs_every_stage_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    run = RunProcess("--config", CARTPOLE, "--seconds", "2", "--json", str(out), command="bench")
+    assert run.wait(240) == 0, run.output
+    result = json.loads(out.read_text())
+    assert set(result["stages"]) == {"env", "infer", "learn", "sample", "train"}
+    stages = result["stages"]
+    for name, key in (("env", "env_steps"), ("infer", "samples"), ("learn", "samples")):
+        st = stages[name]
+        assert st["measured_s"] >= 2.0 and st[f"{key}_per_s"]["windows"] >= 1
+        assert st[f"{key}_per_s"]["min"] <= st[f"{key}_per_s"]["median"] <= st[f"{key}_per_s"]["max"]
+        assert st[f"{key}_per_core_s"] > 0
+    for name in ("sample", "train"):
+        st = stages[name]
+        assert st["measured_s"] >= 2.0 and st["env_steps_per_s"]["median"] > 0
+        assert {p["name"] for p in st["processes"]} >= {"fastrl-learner", "fastrl-inference-0", "fastrl-rollout-0"}
+        assert 0 <= st["learner_busy_fraction"] <= 1 and 0 <= st["rollout_idle_fraction"] <= 1
+        assert st["peak_total_pss_mib"] > 0 and st["time_to_first_sample_s"] > 0
+        assert st["bottleneck"]
+    assert stages["train"]["policy_lag"]["p50"] is not None
+    assert stages["sample"]["learner_trains"] is False
+    bound = result["bound"]
+    expected = result["cores"] / (1 / stages["env"]["env_steps_per_core_s"] + 1 / stages["infer"]["samples_per_core_s"]
+                                  + result["counts"]["epochs"] / stages["learn"]["samples_per_core_s"])
+    assert bound["train_env_steps_per_s"] == pytest.approx(expected, rel=1e-3)
+    assert result["efficiency"]["train"] == pytest.approx(
+        stages["train"]["env_steps_per_s"]["median"] / bound["train_env_steps_per_s"], abs=2e-3)
+    assert "machine bound (train)" in run.output and "bottleneck:" in run.output
+    assert run.leftover_children() == [] and run.leftover_segments() == []
+
+
+def test_bench_single_stage(tmp_path):
+    out = tmp_path / "bench.json"
+    run = RunProcess("--config", CARTPOLE, "--seconds", "1", "--stage", "infer", "--json", str(out), command="bench")
+    assert run.wait(60) == 0, run.output
+    result = json.loads(out.read_text())
+    assert list(result["stages"]) == ["infer"] and result["bound"] == {"cores": result["cores"],
+                                                                       "formula": result["bound"]["formula"]}
+
+
+def test_tune_writes_overlay_table_and_chart(tmp_path):
+    out = tmp_path / "tune"
+    run = RunProcess("--config", CARTPOLE, "--budget-s", "50", "--trial-s", "2", "--out", str(out), command="tune")
+    assert run.wait(150) == 0, run.output
+    assert "rank" in run.output and "best:" in run.output
+    results = json.loads((out / "tune_results.json").read_text())
+    assert len(results["trials"]) >= 2 and results["trials"][0]["changes"] == {}
+    tunable = ("sampler.", "system.learner_threads", "system.inference_threads", "algo.batch_size")
+    for trial in results["trials"]:
+        assert all(k.startswith(tunable) for k in trial["changes"]), trial  # never lr, clip, gamma...
+    cfg = load_config([CARTPOLE, str(out / "best_overlay.yaml")])  # the overlay layers on the preset
+    for key, value in results["best"]["changes"].items():
+        section, name = key.split(".")
+        assert getattr(getattr(cfg, section), name) == value
+    assert cfg.algo.lr == load_config(CARTPOLE).algo.lr
+    assert (out / "tune_chart.png").read_bytes()[:4] == b"\x89PNG"
+    assert run.leftover_children() == [] and run.leftover_segments() == []

@@ -1,0 +1,104 @@
+"""The benchmark's arithmetic: window rates, spreads, lag quantiles, the machine bound, the
+bottleneck words and the tuner's moves. No timing is asserted anywhere."""
+
+import math
+
+import numpy as np
+import pytest
+
+from fastrl.bench.measure import spread, window_rates
+from fastrl.bench.report import bottleneck, format_table, machine_bound, summarize
+from fastrl.bench.tune import Knob, Trial
+from fastrl.runner.stats import hist_quantile
+
+
+def test_window_rates_of_a_steady_counter():
+    points = [(t * 0.25, 1000.0 * t * 0.25) for t in range(41)]  # 10 s at 1000/s
+    rates = window_rates(points, 2.0)
+    assert len(rates) == 5 and all(math.isclose(r, 1000.0) for r in rates)
+
+
+def test_window_rates_never_divide_by_zero_and_skip_short_tails():
+    points = [(0.0, 0.0), (0.0, 5.0), (1.5, 15.0), (3.1, 31.0)]
+    assert window_rates(points, 3.0) == [31.0 / 3.1]
+    assert window_rates([], 1.0) == [] and window_rates([(0.0, 1.0)], 1.0) == []
+
+
+def test_spread_is_median_and_range():
+    s = spread([3.0, 1.0, 10.0, 2.0])
+    assert (s.median, s.min, s.max, s.windows) == (2.5, 1.0, 10.0, 4)
+    assert spread([]).windows == 0
+
+
+def test_lag_quantiles_from_histogram():
+    rng = np.random.default_rng(0)
+    lags = rng.integers(0, 40, size=5000)
+    hist = np.bincount(lags, minlength=256)
+    for q in (0.5, 0.95):
+        assert hist_quantile(hist, q) == int(np.quantile(lags, q, method="inverted_cdf"))
+    assert hist_quantile(np.zeros(5, dtype=np.int64), 0.5) is None
+
+
+def test_machine_bound_matches_hand_arithmetic():
+    # design.md's Pong figures: env 266 us, infer 133 us, train 826 us per sample, 2 cores, 1 epoch
+    env, infer, learn = 1e6 / 266, 1e6 / 133, 1e6 / 826
+    assert machine_bound(2, env, infer, learn, 1) == pytest.approx(2 / (266e-6 + 133e-6 + 826e-6))
+    assert machine_bound(2, env, infer, learn, 1) == pytest.approx(1632.65, rel=1e-3)
+    # epochs multiply the learner's cost; no learner = the sampling bound
+    assert machine_bound(2, env, infer, learn, 4) == pytest.approx(2 / (266e-6 + 133e-6 + 4 * 826e-6))
+    assert machine_bound(1, 100.0, 100.0, None, 1) == pytest.approx(50.0)
+
+
+def _system_stage(lb, ri, ib, cpu, trains=True):
+    return {"learner_busy_fraction": lb, "learner_wait_fraction": 1 - lb, "rollout_idle_fraction": ri,
+            "inference_busy_fraction": ib, "cpu_percent_total": cpu, "learner_trains": trains,
+            "env_steps_per_s": {"median": 900.0, "min": 850.0, "max": 950.0, "windows": 6},
+            "frames_per_s": {"median": 3600.0, "min": 3400.0, "max": 3800.0, "windows": 6},
+            "inference_mean_batch": 32.0, "policy_lag": {"p50": 3, "p95": 9, "max": 14},
+            "samples_dropped_for_lag": 0, "processes": [{"name": "fastrl-learner", "cpu_percent": 97.0,
+                                                         "rss_mib": 400.0, "pss_mib": 300.0}],
+            "peak_total_rss_mib": 900.0, "peak_total_pss_mib": 600.0, "time_to_first_sample_s": 4.0}
+
+
+@pytest.mark.parametrize("lb,ri,ib,cpu,word", [
+    (0.97, 0.41, 0.3, 195, "learner-bound"), (0.5, 0.05, 0.4, 150, "env-bound"),
+    (0.5, 0.5, 0.95, 150, "inference-bound"), (0.5, 0.5, 0.5, 195, "CPU-bound"),
+    (0.5, 0.5, 0.5, 100, "latency-bound")])
+def test_bottleneck_words(lb, ri, ib, cpu, word):
+    text = bottleneck(_system_stage(lb, ri, ib, cpu), cores=2)
+    assert text.startswith(word) and f"rollout workers idle {ri:.0%}" in text
+
+
+def test_a_learner_that_only_discards_is_never_the_bottleneck():
+    assert bottleneck(_system_stage(0.99, 0.5, 0.95, 150, trains=False), 2).startswith("inference-bound")
+
+
+def test_summarize_computes_bound_efficiency_and_table():
+    result = {"config": "x.yaml", "env_id": "Pong-v5", "cores": 2, "frames_per_env_step": 4,
+              "counts": {"epochs": 1}, "stages": {
+                  "env": {"env_steps_per_s": {"median": 7000.0, "min": 1, "max": 1, "windows": 3},
+                          "env_steps_per_core_s": 1e6 / 266},
+                  "infer": {"samples_per_s": {"median": 7000.0, "min": 1, "max": 1, "windows": 3},
+                            "samples_per_core_s": 1e6 / 133, "batch": 32},
+                  "learn": {"samples_per_s": {"median": 1200.0, "min": 1, "max": 1, "windows": 3},
+                            "samples_per_core_s": 1e6 / 826, "batch_size": 1024, "epochs": 1},
+                  "train": _system_stage(0.97, 0.41, 0.3, 195)}}
+    summarize(result)
+    assert result["bound"]["train_env_steps_per_s"] == pytest.approx(1632.65, rel=1e-3)
+    assert result["efficiency"]["train"] == pytest.approx(900.0 / result["bound"]["train_env_steps_per_s"], abs=1e-3)
+    assert result["bottleneck"].startswith("learner-bound")
+    table = format_table(result)
+    assert "frames/s" in table and "3,600" in table and "p50/p95/max 3/9/14" in table
+
+
+def test_knob_moves_stay_in_range():
+    k = Knob("sampler.num_envs_per_worker", "x2", 4, 64)
+    assert (k.move(32, True), k.move(32, False), k.move(64, True), k.move(4, False)) == (64, 16, None, None)
+    t = Knob("system.learner_threads", "+1", 1, 2)
+    assert (t.move(1, True), t.move(1, False), t.move(2, True)) == (2, None, None)
+
+
+def test_trial_rate_is_median_of_its_measurements_and_batch_changes_are_flagged():
+    t = Trial({"algo.batch_size": 2048, "sampler.num_splits": 4}, [10.0, 30.0, 20.0])
+    assert t.rate == 20.0 and t.changes_algorithm and t.label == "batch_size=2048, num_splits=4"
+    assert Trial({}, [1.0]).label == "preset" and not Trial({}, [1.0]).changes_algorithm

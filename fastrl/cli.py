@@ -27,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--name", help="run name (default: <env>_<date>_<time>)")
     train.add_argument("--runs-dir", default="runs", help="where run directories go (default: ./runs)")
     train.add_argument("--resume", action="store_true", help="continue run --name from its latest checkpoint")
+    train.add_argument("--checkpoint", help="with --resume: continue from this checkpoint instead of the newest")
     train.add_argument("--help-config", action="store_true", help="list every setting with its type, default and help")
 
     bench = sub.add_parser("bench", help="measure throughput stage by stage against the machine bound")
@@ -49,6 +50,11 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                    help="YAML preset (e.g. configs/atari_pong.yaml); repeat to layer an overlay on it")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one setting; repeatable")
+
+
+def _one_line_error(text: str) -> int:
+    print(f"fastrl: {text}", file=sys.stderr)
+    return EXIT_CONFIG
 
 
 def _config_error(problems: list[str]) -> int:
@@ -95,16 +101,32 @@ def cmd_train(args: argparse.Namespace) -> int:
         return loaded
     cfg, spec = loaded
 
-    from fastrl.rundir import RunDirError, latest_checkpoint, prepare_run_dir
+    from fastrl.rundir import (CheckpointError, RunDirError, latest_checkpoint, remove_partial_files,
+                               resolve_run_dir, validate_checkpoint, write_run_config)
 
+    if args.checkpoint and not args.resume:
+        return _one_line_error("--checkpoint is for --resume (continue a run from that checkpoint)")
     try:
-        run_dir = prepare_run_dir(runs_dir, args.name, cfg.env.id, config_to_dict(cfg), args.resume)
+        run_dir = resolve_run_dir(runs_dir, args.name, cfg.env.id, args.resume)
     except RunDirError as e:
-        print(f"fastrl: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    resume_ckpt = latest_checkpoint(run_dir / "checkpoints") if args.resume else None
-    if args.resume and resume_ckpt is None:
-        print(f"fastrl: --resume: no checkpoint in {run_dir / 'checkpoints'}; starting from scratch")
+        return _one_line_error(str(e))
+    resume_ckpt = None
+    if args.resume:
+        resume_ckpt = Path(args.checkpoint) if args.checkpoint else latest_checkpoint(run_dir / "checkpoints")
+        if resume_ckpt is not None:
+            # checked before anything is written: a bad checkpoint leaves the run directory as it was
+            from fastrl.models import ActorCritic
+
+            try:
+                validate_checkpoint(resume_ckpt, ActorCritic(spec, cfg.model))
+            except CheckpointError as e:
+                return _one_line_error(str(e))
+    write_run_config(run_dir, config_to_dict(cfg))
+    if args.resume:
+        for partial in remove_partial_files(run_dir / "checkpoints"):
+            print(f"fastrl: removed {partial.name}, a checkpoint write that was interrupted")
+        if resume_ckpt is None:
+            print(f"fastrl: --resume: no checkpoint in {run_dir / 'checkpoints'}; starting from scratch")
 
     from fastrl.runner.runner import Runner
 

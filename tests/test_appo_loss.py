@@ -66,3 +66,4 @@ def test_gradient_raises_probability_of_positive_advantage_actions():
                     adv, torch.ones(2, dtype=torch.bool), 0.2, 0.0, 0.0, normalize_adv=False)
     out.loss.backward()
     assert logits.grad[0] < 0 < logits.grad[1]  # descending the loss raises action 0's logit
+

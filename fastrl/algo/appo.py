@@ -24,6 +24,8 @@ class APPOTrainer:
         self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag
         self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
+        self.skipped_total = 0   # optimizer steps dropped for a non-finite loss or gradient
+        self.skipped_in_row = 0  # ... since the last good one
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -70,7 +72,10 @@ class APPOTrainer:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 if not torch.isfinite(out.loss) or not torch.isfinite(grad_norm):
                     skipped += 1  # a non-finite step would poison the weights; drop it
+                    self.skipped_total += 1
+                    self.skipped_in_row += 1
                     continue
+                self.skipped_in_row = 0
                 self.optimizer.step()
                 self.policy_version += 1
                 if publish is not None:

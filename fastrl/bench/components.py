@@ -13,6 +13,7 @@ that used 1.6 cores is not credited as if it used one.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -26,6 +27,7 @@ from fastrl.config.checks import envs_per_split
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec, make_split
 from fastrl.workers.learner import build_learner_model
+from fastrl.workers.process import name_process_and_die_with_parent
 
 Progress = Callable[[float, str], None]  # (fraction done, text)
 ACTION_POOL = 16  # random action batches cycled through, so the stage does not time the RNG
@@ -54,6 +56,9 @@ def random_actions(spec: EnvSpec, num_envs: int, rng: np.random.Generator) -> np
 
 def env_worker(cfg: Config, spec: EnvSpec, index: int, counters) -> None:
     """One rollout worker's envs with random actions; counters[index] = env steps, counters[-1] = stop."""
+    name_process_and_die_with_parent(f"fastrl-bench-env-{index}")
+    if os.getppid() == 1:  # the bench died before we got here
+        return
     torch.set_num_threads(1)
     n_envs = envs_per_split(cfg)
     seed = cfg.run.seed * 1_000_003 + index * cfg.sampler.num_envs_per_worker

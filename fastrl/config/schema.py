@@ -76,8 +76,16 @@ class SystemConfig:
     inference_threads: int = opt(1, "torch intra-op threads in each inference worker.")
     learner_discards_batches: bool = opt(
         False, "Benchmark mode: the learner frees every batch untrained, so a run measures sampling alone.")
-    heartbeat_timeout_s: float = opt(60.0, "A child silent for this long is reported as hung and the run stops.")
-    startup_timeout_s: float = opt(120.0, "Time allowed for all children to start.")
+    heartbeat_timeout_s: float = opt(
+        60.0, "A child silent this long is hung: a rollout/inference worker is replaced, a hung learner stops the run.")
+    startup_timeout_s: float = opt(120.0, "Time allowed for a child to start (first heartbeat).")
+    max_restarts_per_worker: int = opt(
+        3, "A rollout/inference worker replaced more often than this within restart_window_s stops the run.")
+    restart_window_s: float = opt(600.0, "Window over which max_restarts_per_worker is counted.")
+    max_nonfinite_steps_in_row: int = opt(
+        20, "Stop (with the last good checkpoint) after this many consecutive non-finite optimizer steps.")
+    serial: bool = opt(
+        False, "Debug mode: every component in one process, stepped in a fixed order; bit-reproducible from the seed.")
 
 
 @dataclass

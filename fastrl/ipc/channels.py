@@ -1,52 +1,80 @@
-"""The faster-fifo queues between processes. They carry slot indices and small messages only;
-every array lives in shared memory (fastrl.buffers).
+"""Every channel between the processes of a run: single-producer single-consumer rings in shared
+memory (fastrl.ipc.rings). They carry slot indices and small records only; arrays live in the
+trajectory slots (fastrl.buffers).
 
-    rollout w --(worker, split, slot, t)--> inference_requests[w % M]
-    inference --(split)-------------------> action_replies[w]
-    rollout   --(slot)--------------------> full_slots   (learner)
-    learner   --(slot)--------------------> free_slots   (rollout workers)
-    everyone  --(dict)--------------------> reports      (runner: stats, errors)
+    rollout w --(w, generation, split, token, slot, t)--> requests[w]    (inference worker w % M)
+    inference --(generation, split, token)--------------> replies[w]     (rollout w)
+    rollout w --(slot)----------------------------------> full_slots[w]  (learner)
+    learner   --(slot)----------------------------------> free_slots[w]  (rollout w)
+    process p --(pickled dict)--------------------------> reports[p]     (runner: stats, errors)
+
+Each consumer sleeps on one doorbell: inference worker i on inference_bells[i], rollout w on
+rollout_bells[w] (replies and free slots), the learner on learner_bell, the runner on runner_bell.
+
+The generation (bumped by the runner each time rollout worker w is replaced) and the per-split
+request token let a replacement rollout worker, or a replacement inference worker, ignore
+anything meant for the process it replaced. Reports are pickles exchanged between this run's own
+processes through owner-only shared memory.
 """
 
 from __future__ import annotations
 
-import queue
 from dataclasses import dataclass
 
-import faster_fifo
+from fastrl.buffers.shm import ShmAllocator
+from fastrl.ipc.rings import Doorbell, IntRing, MsgRing, wait_any
+
+REQUEST_WIDTH, REPLY_WIDTH = 6, 3
+REPORT_CAPACITY, REPORT_BYTES = 64, 32 << 10
 
 
 @dataclass
 class Channels:
-    inference_requests: list
-    action_replies: list
-    full_slots: faster_fifo.Queue
-    free_slots: faster_fifo.Queue
-    reports: faster_fifo.Queue
+    requests: list[IntRing]
+    replies: list[IntRing]
+    full_slots: list[IntRing]
+    free_slots: list[IntRing]
+    reports: list[MsgRing]          # indexed like the heartbeats (fastrl.workers.process.heartbeat_index)
+    inference_bells: list[Doorbell]
+    rollout_bells: list[Doorbell]
+    learner_bell: Doorbell
+    runner_bell: Doorbell
 
     @staticmethod
-    def create(num_rollout_workers: int, num_inference_workers: int) -> "Channels":
-        small = 1 << 20
+    def allocate(alloc: ShmAllocator, num_rollout_workers: int, num_inference_workers: int, num_slots: int,
+                 num_splits: int, num_processes: int) -> "Channels":
+        w_range, m = range(num_rollout_workers), num_inference_workers
+        inference_bells = [Doorbell.allocate(alloc, f"bell.inference{i}") for i in range(m)]
+        rollout_bells = [Doorbell.allocate(alloc, f"bell.rollout{w}") for w in w_range]
+        learner_bell, runner_bell = Doorbell.allocate(alloc, "bell.learner"), Doorbell.allocate(alloc, "bell.runner")
+        # requests/replies: one per split outstanding, plus re-sends after inference restarts
+        small = 4 * num_splits + 8
         return Channels(
-            inference_requests=[faster_fifo.Queue(small) for _ in range(num_inference_workers)],
-            action_replies=[faster_fifo.Queue(small) for _ in range(num_rollout_workers)],
-            full_slots=faster_fifo.Queue(small),
-            free_slots=faster_fifo.Queue(small),
-            reports=faster_fifo.Queue(16 << 20),
-        )
+            requests=[IntRing.allocate(alloc, f"requests{w}", small, REQUEST_WIDTH, inference_bells[w % m])
+                      for w in w_range],
+            replies=[IntRing.allocate(alloc, f"replies{w}", small, REPLY_WIDTH, rollout_bells[w]) for w in w_range],
+            full_slots=[IntRing.allocate(alloc, f"full{w}", num_slots + 1, 1, learner_bell) for w in w_range],
+            free_slots=[IntRing.allocate(alloc, f"free{w}", num_slots + 1, 1, rollout_bells[w]) for w in w_range],
+            reports=[MsgRing.allocate(alloc, f"reports{p}", REPORT_CAPACITY, REPORT_BYTES, runner_bell)
+                     for p in range(num_processes)],
+            inference_bells=inference_bells, rollout_bells=rollout_bells,
+            learner_bell=learner_bell, runner_bell=runner_bell)
+
+    def rollouts_of(self, inference_index: int) -> list[int]:
+        m = len(self.inference_bells)
+        return [w for w in range(len(self.requests)) if w % m == inference_index]
+
+    def take_reports(self, timeout_s: float) -> list[dict]:
+        """Runner: every waiting report, waiting up to `timeout_s` for the first."""
+        wait_any(self.runner_bell, self.reports, timeout_s)
+        out = []
+        for ring in self.reports:
+            out.extend(ring.pop_all())
+        return out
 
 
-def get_many(q: faster_fifo.Queue, timeout_s: float, max_messages: int = 1_000_000) -> list:
-    """All messages waiting (at least one unless `timeout_s` passes first); [] on timeout."""
-    try:
-        return q.get_many(block=True, timeout=timeout_s, max_messages_to_get=max_messages)
-    except queue.Empty:
-        return []
-
-
-def put_report(q: faster_fifo.Queue, message: dict) -> None:
+def put_report(ring: MsgRing, message: dict) -> None:
     """Reports are best-effort: a runner that stopped reading must not wedge a worker."""
-    try:
-        q.put(message, block=True, timeout=1.0)
-    except queue.Full:
-        pass
+    if not ring.push(message, timeout_s=1.0) and message.get("kind") == "error":
+        tb = message.get("traceback", "")
+        ring.push(dict(message, traceback=tb[-8000:]), timeout_s=1.0)  # too big: keep the end of it

@@ -1,6 +1,8 @@
 """What a run leaves on disk: the run directory layout and atomic checkpoints."""
 
-from fastrl.rundir.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
-from fastrl.rundir.layout import RunDirError, prepare_run_dir, write_json
+from fastrl.rundir.checkpoints import (CheckpointError, latest_checkpoint, load_checkpoint, remove_partial_files,
+                                       save_checkpoint, validate_checkpoint)
+from fastrl.rundir.layout import RunDirError, resolve_run_dir, write_json, write_run_config
 
-__all__ = ["RunDirError", "latest_checkpoint", "load_checkpoint", "prepare_run_dir", "save_checkpoint", "write_json"]
+__all__ = ["CheckpointError", "RunDirError", "latest_checkpoint", "load_checkpoint", "remove_partial_files",
+           "resolve_run_dir", "save_checkpoint", "validate_checkpoint", "write_json", "write_run_config"]

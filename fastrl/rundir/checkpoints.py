@@ -44,3 +44,44 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 def load_checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+REQUIRED_KEYS = ("model", "optimizer", "policy_version", "train_steps", "env_steps")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used: one line saying why."""
+
+
+def validate_checkpoint(path: Path, model: torch.nn.Module) -> dict:
+    """Load `path` safely and check it fits `model`; CheckpointError (one line) otherwise."""
+    import pickle
+    import zipfile
+
+    try:
+        state = load_checkpoint(path)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"refusing {path}: it holds more than tensors and plain data, which could run "
+                              f"code on load (weights_only): {first}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} is truncated or corrupt: {first}") from None
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
+        missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
+        raise CheckpointError(f"{path} is not a fastrl checkpoint (missing {', '.join(missing)})")
+    try:
+        model.load_state_dict(state["model"], strict=True)
+    except (RuntimeError, TypeError, AttributeError) as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(e).__name__)
+        raise CheckpointError(f"{path} does not fit this model (another env or model config?): {detail}") from None
+    return state
+
+
+def remove_partial_files(ckpt_dir: Path) -> list[Path]:
+    """Temp files of saves that were killed before the rename; never read, safe to delete when no run is live."""
+    partial = list(ckpt_dir.glob(".checkpoint_*.tmp-*")) if ckpt_dir.is_dir() else []
+    for p in partial:
+        p.unlink(missing_ok=True)
+    return partial

@@ -17,8 +17,8 @@ def generate_name(env_id: str) -> str:
     return f"{env_id.replace('/', '_')}_{time.strftime('%Y%m%d_%H%M%S')}"
 
 
-def prepare_run_dir(runs_dir: Path, name: str | None, env_id: str, config_dict: dict, resume: bool) -> Path:
-    """Create (or, with resume, reopen) the run directory and write config.json."""
+def resolve_run_dir(runs_dir: Path, name: str | None, env_id: str, resume: bool) -> Path:
+    """Which directory this run uses; refuses, without writing anything, what would overwrite a run."""
     if resume and name is None:
         raise RunDirError("--resume needs --name of the run to continue")
     if name is None:
@@ -26,17 +26,21 @@ def prepare_run_dir(runs_dir: Path, name: str | None, env_id: str, config_dict: 
         while (runs_dir / name).exists():
             name += "_1"
     run_dir = runs_dir / name
-    config_path = run_dir / "config.json"
     if resume:
-        if not config_path.exists():
+        if not (run_dir / "config.json").exists():
             raise RunDirError(f"--resume: no run at {run_dir} (config.json missing)")
     elif run_dir.exists():
         raise RunDirError(f"run directory {run_dir} already exists; use --resume to continue it or choose another --name")
+    return run_dir
+
+
+def write_run_config(run_dir: Path, config_dict: dict) -> None:
+    """Create the run directory (if new) and save the fully resolved config, atomically."""
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.json"
     tmp = config_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
     tmp.replace(config_path)
-    return run_dir
 
 
 def write_json(path: Path, data: dict) -> None:

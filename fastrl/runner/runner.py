@@ -8,8 +8,7 @@ unlinked. That runs on a normal end, on Ctrl-C / SIGTERM, and when a child fails
 
 from __future__ import annotations
 
-import logging
-import multiprocessing as mp
+import json
 import os
 import signal
 import time
@@ -23,17 +22,12 @@ from fastrl.config.checks import envs_per_split, num_traj_buffers
 from fastrl.config.loader import config_to_dict
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
-from fastrl.ipc import Channels, get_many
+from fastrl.ipc import Channels
 from fastrl.models import ActorCritic
 from fastrl.rundir import load_checkpoint, write_json
 from fastrl.runner.stats import RunStats
-from fastrl.workers.inference import inference_loop
-from fastrl.workers.learner import learner_loop
-from fastrl.workers.process import WorkerContext, child_main, heartbeat_index, num_processes, process_name, setup_logging
-from fastrl.workers.rollout import rollout_loop
-
-LEARNER_JOIN_S = 60.0  # the learner may be mid-batch and then writes the final checkpoint
-WORKER_JOIN_S = 10.0
+from fastrl.runner.supervisor import Supervisor
+from fastrl.workers.process import WorkerContext, num_processes, setup_logging
 
 
 class Runner:
@@ -48,8 +42,7 @@ class Runner:
         self.stop_reason: str | None = None
         self.failure: str | None = None
         self.interrupts = 0
-        self.procs: dict[str, mp.Process] = {}
-        self.hb_index: dict[str, int] = {}  # process name -> its cell in the heartbeat array
+        self.supervisor: Supervisor | None = None  # the child processes (None in serial mode)
         self.alloc = ShmAllocator()
 
     def say(self, text: str) -> None:
@@ -63,11 +56,14 @@ class Runner:
         if self.interrupts == 1:
             self.stop_reason = f"received {signal.Signals(signum).name}"
             return
-        for p in self.procs.values():
-            if p.is_alive():
-                p.kill()
+        if self.supervisor is not None:
+            self.supervisor.kill_all()
         self.alloc.unlink_all()
         os._exit(130)
+
+    @property
+    def procs(self) -> dict:
+        return {} if self.supervisor is None else self.supervisor.procs
 
     def _initial_model(self) -> tuple[ActorCritic, int, int]:
         torch.manual_seed(self.cfg.run.seed)
@@ -79,54 +75,48 @@ class Runner:
             version, env_steps = int(state["policy_version"]), int(state["env_steps"])
         return model, version, env_steps
 
-    def _spawn(self, ctx: WorkerContext) -> None:
-        spawn = mp.get_context("spawn")
-        roles = [("learner", 0, learner_loop)]
-        roles += [("inference", i, inference_loop) for i in range(self.cfg.sampler.num_inference_workers)]
-        roles += [("rollout", i, rollout_loop) for i in range(self.cfg.sampler.num_rollout_workers)]
-        for role, index, loop in roles:
-            name = process_name(role, index)
-            p = spawn.Process(target=child_main, args=(role, index, ctx, loop), name=name, daemon=True)
-            p.start()
-            self.procs[name] = p
-            self.hb_index[name] = heartbeat_index(self.cfg, role, index)
-
-    def _check_children(self, control: SharedControl, spawned_at: float) -> None:
-        now = time.time()
-        for name, p in self.procs.items():
-            if p.exitcode is not None:
-                self.failure = self.failure or f"{name} exited unexpectedly with code {p.exitcode}"
-                return
-            beat = control.heartbeats.array[self.hb_index[name]]
-            if beat == 0.0:
-                if now - spawned_at > self.cfg.system.startup_timeout_s:
-                    self.failure = f"{name} did not start within {self.cfg.system.startup_timeout_s:.0f} s"
-                    return
-            elif now - beat > self.cfg.system.heartbeat_timeout_s:
-                self.failure = f"{name} sent no heartbeat for {now - beat:.0f} s (hung?)"
-                return
-
     def _handle_reports(self, channels: Channels, stats: RunStats, timeout_s: float) -> None:
-        for msg in get_many(channels.reports, timeout_s):
+        for msg in channels.take_reports(timeout_s):
             if msg["kind"] == "error":
-                self.failure = self.failure or f"{msg['process']} crashed"
                 self.say(f"ERROR: {msg['process']} crashed:\n{msg['traceback']}")
+                if self.supervisor is not None:
+                    self.supervisor.note_error(msg["process"], msg["traceback"])
+                if msg["process"] == "fastrl-learner":
+                    self.failure = self.failure or f"fastrl-learner crashed: {msg['traceback'].strip().splitlines()[-1]}"
             else:
+                if msg["kind"] == "learner":
+                    self._log_learner(msg)
                 stats.on_report(msg)
 
-    def _shutdown(self, control: SharedControl) -> None:
-        control.request_stop()
-        deadline = {name: time.monotonic() + (LEARNER_JOIN_S if name == "fastrl-learner" else WORKER_JOIN_S)
-                    for name in self.procs}
-        for name, p in self.procs.items():
-            p.join(max(0.0, deadline[name] - time.monotonic()))
-            if p.is_alive():
-                self.log.warning("%s did not stop in time; terminating", name)
-                p.terminate()
-                p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(2.0)
+    def _log_learner(self, msg: dict) -> None:
+        """One line per trained batch in learner.jsonl: losses, counters (what the determinism test compares)."""
+        row = {k: v for k, v in msg.items() if isinstance(v, (int, float)) and k != "kind"}
+        self._learner_log.write(json.dumps(row) + "\n")
+
+    def _setup(self) -> tuple[WorkerContext, int]:
+        """Publish the starting weights and allocate every shared buffer and queue."""
+        cfg = self.cfg
+        model, version, base_env_steps = self._initial_model()
+        weights = SharedWeights.allocate(self.alloc, model)
+        weights.publish(model, version)
+        num_slots = num_traj_buffers(cfg)
+        bufs = TrajBuffers.allocate(self.alloc, self.spec, num_slots, cfg.sampler.rollout_len, envs_per_split(cfg))
+        control = SharedControl.allocate(self.alloc, num_processes(cfg), cfg.sampler.num_rollout_workers,
+                                         cfg.sampler.num_inference_workers, num_slots)
+        channels = Channels.allocate(self.alloc, cfg.sampler.num_rollout_workers, cfg.sampler.num_inference_workers,
+                                     num_slots, cfg.sampler.num_splits, num_processes(cfg))
+        for slot in range(num_slots):  # dealt round-robin; the learner rebalances as it frees them
+            channels.free_slots[slot % cfg.sampler.num_rollout_workers].push(slot)
+        mode = "serial debug mode, one process" if cfg.system.serial else \
+            f"{cfg.sampler.num_inference_workers} inference worker(s)"
+        self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "
+                 f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} splits, {mode}, "
+                 f"{num_slots} trajectory slots ({self.alloc.total_bytes / 2**20:.1f} MiB shared), "
+                 f"run dir {self.run_dir}")
+        ctx = WorkerContext(cfg, self.spec, bufs, control, weights, channels, str(self.run_dir / "train.log"),
+                            str(self.run_dir / "checkpoints"), base_env_steps,
+                            None if self.resume_checkpoint is None else str(self.resume_checkpoint))
+        return ctx, base_env_steps
 
     def run(self) -> int:
         cfg = self.cfg
@@ -137,58 +127,72 @@ class Runner:
         from tensorboardX import SummaryWriter
 
         writer = SummaryWriter(str(self.run_dir))
+        self._learner_log = open(self.run_dir / "learner.jsonl", "a", buffering=1)
+        self._metrics_log = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        serial = None
         try:
-            model, version, base_env_steps = self._initial_model()
-            weights = SharedWeights.allocate(self.alloc, model)
-            weights.publish(model, version)
-            num_slots = num_traj_buffers(cfg)
-            bufs = TrajBuffers.allocate(self.alloc, self.spec, num_slots, cfg.sampler.rollout_len, envs_per_split(cfg))
-            control = SharedControl.allocate(self.alloc, num_processes(cfg), cfg.sampler.num_rollout_workers,
-                                             cfg.sampler.num_inference_workers)
-            channels = Channels.create(cfg.sampler.num_rollout_workers, cfg.sampler.num_inference_workers)
-            channels.free_slots.put_many(list(range(num_slots)))
-            self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "
-                     f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} splits, "
-                     f"{cfg.sampler.num_inference_workers} inference worker(s), {num_slots} trajectory slots "
-                     f"({self.alloc.total_bytes / 2**20:.1f} MiB shared), run dir {self.run_dir}")
-            ctx = WorkerContext(cfg, self.spec, bufs, control, weights, channels, str(self.run_dir / "train.log"),
-                                str(self.run_dir / "checkpoints"), base_env_steps,
-                                None if self.resume_checkpoint is None else str(self.resume_checkpoint))
+            ctx, base_env_steps = self._setup()
+            control, channels = ctx.control, ctx.channels
             stats = RunStats(self.spec.frames_per_env_step, base_env_steps)
-            spawned_at = time.time()
-            self._spawn(ctx)
+            if cfg.system.serial:
+                from fastrl.runner.serial import SerialDriver
+
+                serial = SerialDriver(ctx, self.log)
+            else:
+                self.supervisor = Supervisor(cfg, ctx, self.log, self.say)
+                self.supervisor.start_all()
             last_report = time.monotonic()
             while self.stop_reason is None and self.failure is None:
-                self._handle_reports(channels, stats, 0.2)
+                if serial is not None:
+                    serial.advance()
+                    self._handle_reports(channels, stats, 0.0)
+                else:
+                    self._handle_reports(channels, stats, 0.2)
+                    self.failure = self.failure or self.supervisor.check()
                 stats.on_env_steps(base_env_steps + control.total_env_steps())
-                self._check_children(control, spawned_at)
                 self.stop_reason = self.stop_reason or finished_reason(cfg, stats)
                 if self.on_tick is not None:
                     self.on_tick(self, stats, control)
                 if time.monotonic() - last_report >= cfg.run.report_interval_s:
                     last_report = time.monotonic()
-                    self.say(stats.console_line(cfg.run.train_for_env_steps))
-                    for key, value in stats.scalars().items():
-                        writer.add_scalar(key, value, stats.env_steps)
+                    self._report(stats, control, writer)
             self.say(f"stopping: {self.failure or self.stop_reason}")
-            self._shutdown(control)
+            if serial is not None:
+                serial.close()
+            else:
+                self.supervisor.shutdown()
             self._handle_reports(channels, stats, 0.05)
             stats.on_env_steps(base_env_steps + control.total_env_steps())
             summary = stats.summary()
-            summary.update(stop_reason=self.stop_reason, failure=self.failure)
+            summary.update(stop_reason=self.stop_reason, failure=self.failure,
+                           worker_restarts={} if self.supervisor is None else self.supervisor.restarts_total,
+                           env_steps_lost_in_worker_faults=0 if self.supervisor is None else self.supervisor.lost_env_steps,
+                           nonfinite_transitions_masked=int(control.nonfinite.array.sum()))
             write_json(self.run_dir / "summary.json", summary)
-            for key, value in stats.scalars().items():
-                writer.add_scalar(key, value, stats.env_steps)
+            self._report(stats, control, writer, echo=False)
             self.say(format_summary(summary, self.run_dir))
             return 1 if self.failure else 0
         finally:
-            for p in self.procs.values():
-                if p.is_alive():
-                    p.kill()
+            if self.supervisor is not None:
+                self.supervisor.kill_all()
             writer.close()
+            self._learner_log.close()
+            self._metrics_log.close()
             self.alloc.unlink_all()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
+
+    def _report(self, stats: RunStats, control: SharedControl, writer, echo: bool = True) -> None:
+        if echo:
+            self.say(stats.console_line(self.cfg.run.train_for_env_steps))
+        scalars = stats.scalars()
+        scalars["health/nonfinite_transitions_masked"] = float(control.nonfinite.array.sum())
+        if self.supervisor is not None:
+            scalars["health/worker_restarts"] = float(sum(self.supervisor.restarts_total.values()))
+        for key, value in scalars.items():
+            writer.add_scalar(key, value, stats.env_steps)
+        row = {"env_steps": stats.env_steps, "frames": stats.frames, "wall_s": round(stats.wall_s, 2), **scalars}
+        self._metrics_log.write(json.dumps(row) + "\n")
 
 
 def finished_reason(cfg: Config, stats: RunStats) -> str | None:

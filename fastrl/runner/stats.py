@@ -116,7 +116,8 @@ class RunStats:
             out["episode/return_mean"] = self.mean_score
             out["episode/length_mean"] = float(np.mean(self.lengths))
         for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "lr",
-                    "lag_min", "lag_mean", "lag_max", "dropped_for_lag", "skipped_steps"):
+                    "lag_min", "lag_mean", "lag_max", "dropped_for_lag", "skipped_steps",
+                    "nonfinite_steps_skipped"):
             if key in self.learner:
                 out[f"train/{key}"] = float(self.learner[key])
         if self.learner.get("samples"):
@@ -137,6 +138,7 @@ class RunStats:
             "samples_dropped_for_lag": self.dropped_for_lag,
             "learner_busy_fraction": round(self.learner_busy_fraction, 4),
             "policy_version": self.learner.get("policy_version", 0), "train_steps": self.learner.get("train_steps", 0),
+            "nonfinite_steps_skipped": self.learner.get("nonfinite_steps_skipped", 0),
             "time_to_first_sample_s": None if self.first_sample_s is None else round(self.first_sample_s, 2),
         }
 

@@ -17,7 +17,7 @@ import torch
 
 from fastrl.algo.appo import BATCH_KEYS, APPOTrainer
 from fastrl.config.checks import slots_per_batch
-from fastrl.ipc import get_many, put_report
+from fastrl.ipc import put_report, wait_any
 from fastrl.models import ActorCritic
 from fastrl.rundir import load_checkpoint, save_checkpoint
 from fastrl.workers.process import WorkerContext, heartbeat_index
@@ -52,45 +52,66 @@ class Learner:
         self.trainer.policy_version = initial_version
         self.train_steps = 0  # batches trained
         self.slots_needed = slots_per_batch(cfg)
-        self.pending: list[int] = []
+        self.pending: list[int] = []  # full slots taken from the rollout workers' rings, oldest first
+        ch = ctx.channels
+        self.full_rings, self.free_rings, self.bell = ch.full_slots, ch.free_slots, ch.learner_bell
+        self.reports = ch.reports[self.hb]
+        self.busy_s = self.wait_s = 0.0
         self.ckpt_dir = Path(ctx.checkpoint_dir)
         if ctx.resume_checkpoint:
             self._restore(Path(ctx.resume_checkpoint))
 
     # --- checkpoints
     def _restore(self, path: Path) -> None:
-        """Optimizer and counters; the model itself arrived through the published weights."""
+        """Optimizer, counters and RNG; the model itself arrived through the published weights."""
         state = load_checkpoint(path)
         self.trainer.optimizer.load_state_dict(state["optimizer"])
         self.train_steps = int(state["train_steps"])
+        self.trainer.skipped_total = int(state.get("nonfinite_steps_skipped", 0))
+        if "torch_rng" in state:
+            torch.set_rng_state(state["torch_rng"])
         self.log.info("resumed from %s at policy version %d", path, self.trainer.policy_version)
 
     def env_steps(self) -> int:
         return self.ctx.base_env_steps + self.ctx.control.total_env_steps()
 
-    def save(self) -> None:
+    def save(self) -> Path | None:
         finite = all(torch.isfinite(p).all() for p in self.model.state_dict().values())
         if not finite:
             self.log.error("weights are not finite; checkpoint skipped")
-            return
+            return None
         state = {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer.state_dict(),
                  "policy_version": self.trainer.policy_version, "train_steps": self.train_steps,
-                 "env_steps": self.env_steps(), "env_id": self.cfg.env.id}
+                 "env_steps": self.env_steps(), "env_id": self.cfg.env.id,
+                 "lr": self.trainer.optimizer.param_groups[0]["lr"], "torch_rng": torch.get_rng_state(),
+                 "nonfinite_steps_skipped": self.trainer.skipped_total}
         path = save_checkpoint(self.ckpt_dir, state, self.cfg.run.keep_checkpoints)
         self.log.info("saved %s", path.name)
+        return path
 
     def _publish(self) -> None:
         self.ctx.weights.publish(self.model, self.trainer.policy_version)
 
     # --- data
-    def _collect(self) -> bool:
-        """Block until a batch worth of slots is pending; False if asked to stop first."""
-        while len(self.pending) < self.slots_needed:
-            self.pending.extend(get_many(self.ctx.channels.full_slots, POLL_S))
-            self.ctx.control.beat(self.hb)
-            if self.ctx.control.stop_requested:
-                return False
-        return True
+    def collect(self, block: bool = True) -> bool:
+        """True once a batch worth of slots is pending. Blocking: waits, False if asked to stop first;
+        non-blocking (serial driver): False if not enough slots are full yet."""
+        started = time.perf_counter()
+        try:
+            while len(self.pending) < self.slots_needed:
+                for ring in self.full_rings:
+                    self.pending.extend(slot for (slot,) in ring.pop_all())
+                self.ctx.control.beat(self.hb)
+                if len(self.pending) >= self.slots_needed:
+                    break
+                if self.ctx.control.stop_requested or not block:
+                    return False
+                wait_any(self.bell, self.full_rings, POLL_S)
+            return True
+        finally:
+            waited = time.perf_counter() - started
+            self.wait_s += waited
+            self.ctx.control.add_wait(self.hb, waited)
 
     def _assemble(self) -> dict:
         """Copy the batch's slots out of shared memory, time-major [T(+1), slots*envs, ...], and free them."""
@@ -100,40 +121,55 @@ class Learner:
         for key in BATCH_KEYS:
             arr = getattr(bufs, key).array
             batch[key] = torch.from_numpy(np.concatenate([arr[i] for i in ids], axis=1)).to(self.device)
-        self.ctx.channels.free_slots.put_many(ids)
+        self._free(ids)
         return batch
 
+    def _free(self, slots: list[int]) -> None:
+        """Each freed slot goes to the rollout worker with the fewest free slots waiting: a slow or
+        replaced worker does not hoard them, and none is starved."""
+        for slot in slots:
+            min(self.free_rings, key=len).push(slot)
+
+    def train_one(self) -> dict:
+        """Train on the pending batch (or free it untrained in benchmark mode) and report."""
+        cfg = self.cfg
+        started = time.perf_counter()
+        if cfg.system.learner_discards_batches:
+            self._free(self.pending[:self.slots_needed])
+            self.pending = self.pending[self.slots_needed:]
+            stats = {"valid_samples": 0, "samples": 0, "dropped_for_lag": 0}
+        else:
+            batch = self._assemble()
+            if cfg.algo.lr_schedule == "linear":
+                self.trainer.set_lr(cfg.algo.lr * max(0.0, 1.0 - self.env_steps() / cfg.run.train_for_env_steps))
+            stats = self.trainer.train(batch, publish=self._publish)
+            self.train_steps += 1
+        self.busy_s += time.perf_counter() - started
+        stats.update(kind="learner", policy_version=self.trainer.policy_version, train_steps=self.train_steps,
+                     busy_s=self.busy_s, wait_s=self.wait_s, nonfinite_steps_skipped=self.trainer.skipped_total)
+        put_report(self.reports, stats)
+        self.ctx.control.beat(self.hb)
+        limit = cfg.system.max_nonfinite_steps_in_row
+        if self.trainer.skipped_in_row >= limit:
+            path = self.save()  # the weights are still the last good ones: skipped steps never touched them
+            raise NonFiniteTraining(
+                f"{self.trainer.skipped_in_row} optimizer steps in a row had a non-finite loss or gradient "
+                f"(system.max_nonfinite_steps_in_row={limit}); stopped with the last good checkpoint "
+                f"{path.name if path else '(none: weights not finite)'}")
+        return stats
+
     def run(self) -> None:
-        cfg, control = self.cfg, self.ctx.control
         last_save = time.monotonic()
-        wait_s = busy_s = 0.0
-        t_mark = time.monotonic()
-        while True:
-            if not self._collect():
-                break
-            t_ready = time.monotonic()
-            wait_s += t_ready - t_mark
-            control.add_wait(self.hb, t_ready - t_mark)
-            if cfg.system.learner_discards_batches:
-                self.ctx.channels.free_slots.put_many(self.pending[:self.slots_needed])
-                self.pending = self.pending[self.slots_needed:]
-                stats = {"valid_samples": 0, "samples": 0, "dropped_for_lag": 0}
-            else:
-                batch = self._assemble()
-                if cfg.algo.lr_schedule == "linear":
-                    self.trainer.set_lr(cfg.algo.lr * max(0.0, 1.0 - self.env_steps() / cfg.run.train_for_env_steps))
-                stats = self.trainer.train(batch, publish=self._publish)
-                self.train_steps += 1
-            t_mark = time.monotonic()
-            busy_s += t_mark - t_ready
-            stats.update(kind="learner", policy_version=self.trainer.policy_version, train_steps=self.train_steps,
-                         busy_s=busy_s, wait_s=wait_s)
-            put_report(self.ctx.channels.reports, stats)
-            control.beat(self.hb)
-            if t_mark - last_save >= cfg.run.save_every_s:
+        while self.collect():
+            self.train_one()
+            if time.monotonic() - last_save >= self.cfg.run.save_every_s:
                 self.save()
                 last_save = time.monotonic()
         self.save()
+
+
+class NonFiniteTraining(RuntimeError):
+    """Training keeps producing NaN/inf: stopping beats burning hours of compute on it."""
 
 
 def learner_loop(ctx: WorkerContext, index: int, log: logging.Logger) -> None:

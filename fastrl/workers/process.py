@@ -1,6 +1,7 @@
 """What every child process does around its loop: name itself, die with its parent, set torch
 threads, ignore Ctrl-C (the runner orchestrates shutdown), log to the run's log file, and
-report a crash with its traceback to the runner before exiting.
+report a crash with its traceback to the runner before exiting (the runner then replaces a
+rollout or inference worker, or stops the run if it was the learner).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def setup_logging(log_path: str, name: str, echo: bool) -> logging.Logger:
     return logging.getLogger(name)
 
 
-def _name_process(name: str) -> None:
+def name_process_and_die_with_parent(name: str) -> None:
+    """Show `name` in top/ps, and get SIGKILL when the parent dies (even by kill -9)."""
     try:
         import setproctitle
 
@@ -84,7 +86,7 @@ def _name_process(name: str) -> None:
 def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
     """Entry point of every child: bootstrap, run `loop(ctx, index, log)`, report any crash."""
     name = process_name(role, index)
-    _name_process(name)
+    name_process_and_die_with_parent(name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: ctx.control.request_stop())
     if os.getppid() == 1:  # the runner died before we got here
@@ -102,6 +104,8 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
     except BaseException as e:  # noqa: BLE001 - report everything, including KeyboardInterrupt
         tb = traceback.format_exc()
         log.error("crashed: %s\n%s", e, tb)
-        put_report(ctx.channels.reports, {"kind": "error", "process": name, "traceback": tb})
-        ctx.control.request_stop()
+        put_report(ctx.channels.reports[heartbeat_index(ctx.cfg, role, index)],
+                   {"kind": "error", "process": name, "traceback": tb})
+        if role == "learner":  # nothing can train without it; a rollout/inference worker gets replaced
+            ctx.control.request_stop()
         raise SystemExit(1)

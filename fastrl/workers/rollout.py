@@ -3,8 +3,12 @@
 Each worker owns `num_splits` groups of envs. While one group waits for its actions from an
 inference worker, the previous group is stepping in envpool's C++ threads: the loop sends a
 group's actions, then collects the group sent before it. A slot holds one group's rollout of
-T steps; when it is full the slot index goes to the learner and the group takes a free slot,
-carrying the bootstrap observation over as the new slot's first.
+T steps; when it is full the slot index goes to the learner and the group continues in a slot
+taken from the free queue, carrying the bootstrap observation over as the new slot's first.
+
+`pump()` advances one group by one env step. In a worker process it blocks where it must wait;
+the serial driver (fastrl.runner.serial) calls it with `block=False`, and then every wait point
+comes before any state changes, raising WouldBlock so the same call can simply be repeated.
 """
 
 from __future__ import annotations
@@ -14,81 +18,148 @@ import time
 
 import numpy as np
 
+from fastrl.buffers.control import NO_OWNER
 from fastrl.config.checks import envs_per_split
 from fastrl.envs import Step, make_split
-from fastrl.ipc import get_many, put_report
+from fastrl.ipc import put_report, wait_any
 from fastrl.workers.process import WorkerContext, heartbeat_index
 
 POLL_S = 0.1
 
 
-class _Stopped(Exception):
-    pass
+class Stopped(Exception):
+    """The run is stopping; raised from inside a wait."""
+
+
+class WouldBlock(Exception):
+    """Non-blocking mode: this worker cannot progress until another component has."""
 
 
 class RolloutWorker:
-    def __init__(self, ctx: WorkerContext, worker_index: int, log: logging.Logger):
+    def __init__(self, ctx: WorkerContext, worker_index: int, log: logging.Logger, block: bool = True):
         cfg = ctx.cfg
-        self.ctx, self.index, self.log = ctx, worker_index, log
+        self.ctx, self.index, self.log, self.block = ctx, worker_index, log, block
         self.num_splits, self.num_envs, self.T = cfg.sampler.num_splits, envs_per_split(cfg), cfg.sampler.rollout_len
         self.hb = heartbeat_index(cfg, "rollout", worker_index)
-        self.requests = ctx.channels.inference_requests[worker_index % cfg.sampler.num_inference_workers]
-        self.replies = ctx.channels.action_replies[worker_index]
+        self.control = ctx.control
+        self.generation = int(self.control.rollout_generation.array[worker_index])
+        ch = ctx.channels
+        self.requests, self.replies = ch.requests[worker_index], ch.replies[worker_index]
+        self.free_ring, self.full_ring, self.bell = ch.free_slots[worker_index], ch.full_slots[worker_index], \
+            ch.rollout_bells[worker_index]
+        self.reports = ch.reports[self.hb]
+        # slots a dead predecessor held: the runner made sure nothing else writes them any more
+        self.adopted = self.control.slots_held_by(worker_index)
         b = ctx.bufs
         self.obs, self.actions, self.rewards = b.obs.array, b.actions.array, b.rewards.array
         self.terminated, self.truncated, self.valid = b.terminated.array, b.truncated.array, b.valid.array
         spec = ctx.spec
+        self.float_obs = np.issubdtype(spec.obs_dtype, np.floating)
         self.action_low = None if spec.discrete else np.asarray(spec.action_low, dtype=np.float32)
         self.action_high = None if spec.discrete else np.asarray(spec.action_high, dtype=np.float32)
-        first_env = (cfg.run.seed * 1_000_003 + worker_index * cfg.sampler.num_envs_per_worker)
+        # a replacement worker gets fresh env seeds, so it does not replay its predecessor's episodes
+        total_envs = cfg.sampler.num_rollout_workers * cfg.sampler.num_envs_per_worker
+        first_env = (cfg.run.seed * 1_000_003 + self.generation * total_envs
+                     + worker_index * cfg.sampler.num_envs_per_worker)
         self.envs = [make_split(cfg.env, spec, self.num_envs, cfg.sampler.env_threads,
                                 seed=first_env + s * self.num_envs) for s in range(self.num_splits)]
         n = self.num_splits
         self.slot = [-1] * n
+        self.next_slot = [-1] * n  # taken one step before the current slot fills, while nothing is half-done
         self.t = [0] * n
+        self.token = [0] * n       # id of each group's outstanding action request
+        self.sent = [False] * n    # actions sent to the envs, result not yet collected
+        self.k = 0                 # the group collected next
+        self.ready: dict[int, int] = {}  # group -> token of the latest reply received
+        self.inference_epoch = self.control.inference_epoch
         self.reset_step = [np.zeros(self.num_envs, dtype=bool) for _ in range(n)]
         self.ep_score = [np.zeros(self.num_envs, dtype=np.float64) for _ in range(n)]
         self.ep_len = [np.zeros(self.num_envs, dtype=np.int64) for _ in range(n)]
         self.finished_scores: list[float] = []
         self.finished_lengths: list[int] = []
-        self.ready: set[int] = set()
 
     # --- waiting, always with an eye on the stop flag
-    def _free_slot(self) -> int:
+    def _idle(self) -> None:
+        self.control.beat(self.hb)
+        if self.control.stop_requested:
+            raise Stopped
+
+    def _take_free_slot(self) -> int:
+        if self.adopted:
+            return self.adopted.pop(0)
         started = time.perf_counter()
         try:
             while True:
-                got = get_many(self.ctx.channels.free_slots, POLL_S, max_messages=1)
+                got = self.free_ring.pop_all(max_records=1)
                 if got:
-                    return got[0]
+                    slot = got[0][0]
+                    self.control.slot_owner.array[slot] = self.index  # so the runner can reclaim it if we die
+                    return slot
+                if not self.block:
+                    raise WouldBlock
                 self._idle()
+                wait_any(self.bell, [self.free_ring], POLL_S)
         finally:
-            self.ctx.control.add_wait(self.hb, time.perf_counter() - started)
+            self.control.add_wait(self.hb, time.perf_counter() - started)
+
+    def _take_replies(self) -> None:
+        for generation, split, token in self.replies.pop_all():
+            if generation == self.generation:  # replies to a predecessor are not ours
+                self.ready[split] = token
 
     def _wait_actions(self, split: int) -> None:
-        if split not in self.ready:
-            started = time.perf_counter()
-            while split not in self.ready:
-                self.ready.update(get_many(self.replies, POLL_S))
-                if split not in self.ready:
-                    self._idle()
-            self.ctx.control.add_wait(self.hb, time.perf_counter() - started)
-        self.ready.discard(split)
+        if self.ready.get(split) == self.token[split]:
+            return
+        started = time.perf_counter()
+        try:
+            while True:
+                self._take_replies()
+                if self.ready.get(split) == self.token[split]:
+                    return
+                if not self.block:
+                    raise WouldBlock
+                self._idle()
+                self._resend_if_inference_restarted()
+                wait_any(self.bell, [self.replies], POLL_S)
+        finally:
+            self.control.add_wait(self.hb, time.perf_counter() - started)
 
-    def _idle(self) -> None:
-        self.ctx.control.beat(self.hb)
-        if self.ctx.control.stop_requested:
-            raise _Stopped
+    def _resend_if_inference_restarted(self) -> None:
+        """A replacement inference worker never saw the requests its predecessor had taken."""
+        epoch = self.control.inference_epoch
+        if epoch == self.inference_epoch:
+            return
+        self.inference_epoch = epoch
+        self._take_replies()
+        for split in range(self.num_splits):
+            if not self.sent[split] and self.ready.get(split) != self.token[split]:
+                self._request(split)  # same token: the inference worker answers it once
+        self.log.info("inference worker replaced; re-sent outstanding requests")
 
     # --- the per-step work
     def _request(self, split: int) -> None:
-        self.requests.put((self.index, split, self.slot[split], self.t[split]))
+        self.requests.push((self.index, self.generation, split, self.token[split], self.slot[split], self.t[split]))
 
     def _send(self, split: int) -> None:
         actions = self.actions[self.slot[split], self.t[split]]
         if self.action_low is not None:
             actions = np.clip(actions, self.action_low, self.action_high)
         self.envs[split].send(actions)
+
+    def _mask_nonfinite(self, split: int, step: Step) -> None:
+        """An env that emits NaN/inf must not poison training: zero the values, mask the transition."""
+        reward_ok = np.isfinite(step.reward)
+        obs_ok = np.isfinite(step.obs).reshape(self.num_envs, -1).all(axis=1) if self.float_obs else True
+        bad = ~(reward_ok & obs_ok)
+        if not bad.any():
+            return
+        slot, t = self.slot[split], self.t[split]
+        self.valid[slot, t] &= ~bad
+        self.rewards[slot, t][bad] = 0.0
+        if self.float_obs:
+            step.obs = np.nan_to_num(step.obs, nan=0.0, posinf=0.0, neginf=0.0)
+        step.score = np.where(np.isfinite(step.score), step.score, 0.0)
+        self.control.nonfinite.array[self.index] += int(bad.sum())
 
     def _record(self, split: int, step: Step) -> None:
         slot, t = self.slot[split], self.t[split]
@@ -99,6 +170,8 @@ class RolloutWorker:
         # envpool ignores the action of the step after an episode end: never train on it
         np.logical_not(was_reset, out=self.valid[slot, t])
         np.logical_or(step.terminated, step.truncated, out=was_reset)
+        if not np.isfinite(step.reward).all() or (self.float_obs and not np.isfinite(step.obs).all()):
+            self._mask_nonfinite(split, step)
 
         self.ep_score[split] += step.score
         self.ep_len[split] += self.valid[slot, t]
@@ -112,46 +185,59 @@ class RolloutWorker:
         t += 1
         self.obs[slot, t] = step.obs
         if t == self.T:
-            new_slot = self._free_slot()
+            new_slot, self.next_slot[split] = self.next_slot[split], -1
             self.obs[new_slot, 0] = self.obs[slot, t]
-            self.ctx.channels.full_slots.put(slot)
+            # give up ownership before handing over: dying in between loses one slot, never trains one twice
+            self.control.slot_owner.array[slot] = NO_OWNER
+            self.full_ring.push(slot)
             self.slot[split], t = new_slot, 0
-            self.ctx.control.env_steps.array[self.index] += self.T * self.num_envs
-            self.ctx.control.beat(self.hb)
+            self.control.env_steps.array[self.index] += self.T * self.num_envs
             if self.finished_scores:
-                put_report(self.ctx.channels.reports, {"kind": "episodes", "scores": self.finished_scores,
+                put_report(self.reports, {"kind": "episodes", "scores": self.finished_scores,
                                                        "lengths": self.finished_lengths})
                 self.finished_scores, self.finished_lengths = [], []
         self.t[split] = t
+        self.control.inflight_steps.array[self.index] = sum(self.t) * self.num_envs
+
+    def start(self) -> None:
+        """Give every group a slot, its first observation and its first action request."""
+        for s, env in enumerate(self.envs):
+            if self.slot[s] < 0:
+                self.slot[s] = self._take_free_slot()
+                self.obs[self.slot[s], 0] = env.reset().obs
+                self._request(s)
+
+    def pump(self) -> None:
+        """Collect one env step of group k, keeping group k+1 stepping meanwhile."""
+        self.control.beat(self.hb)
+        k = self.k
+        for split in (k, (k + 1) % self.num_splits):
+            if not self.sent[split]:
+                self._wait_actions(split)
+                self._send(split)
+                self.sent[split] = True
+        if self.t[k] == self.T - 1 and self.next_slot[k] < 0:
+            self.next_slot[k] = self._take_free_slot()
+        step = self.envs[k].recv()
+        self.sent[k] = False
+        self._record(k, step)
+        self.token[k] += 1
+        self._request(k)
+        self.k = (k + 1) % self.num_splits
 
     def run(self) -> None:
         try:
-            # a stop can arrive while waiting for a first free slot: all waits raise _Stopped
-            for s, env in enumerate(self.envs):
-                self.slot[s] = self._free_slot()
-                self.obs[self.slot[s], 0] = env.reset().obs
-                self._request(s)
-            sent = [False] * self.num_splits
-            k = 0
-            while True:
-                nxt = (k + 1) % self.num_splits
-                for split in (k, nxt):  # keep the next group stepping while we collect this one
-                    if not sent[split]:
-                        self._wait_actions(split)
-                        self._send(split)
-                        sent[split] = True
-                step = self.envs[k].recv()
-                sent[k] = False
-                self._record(k, step)
-                self._request(k)
-                k = nxt
-                if self.ctx.control.stop_requested:
-                    break
-        except _Stopped:
+            self.start()  # a stop can arrive while waiting for a first free slot: waits raise Stopped
+            while not self.control.stop_requested:
+                self.pump()
+        except Stopped:
             pass
         finally:
-            for env in self.envs:
-                env.close()
+            self.close()
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
 
 
 def rollout_loop(ctx: WorkerContext, index: int, log: logging.Logger) -> None:

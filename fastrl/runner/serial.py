@@ -1,0 +1,61 @@
+"""Serial (debug) mode: the rollout workers, inference workers and learner of a run as objects
+in the runner's own process, stepped in a fixed order through the same classes and methods the
+worker processes run. With a fixed seed two runs give bit-identical losses; a user can also set
+breakpoints anywhere in the pipeline.
+
+One `advance()` pumps every rollout worker once, lets every inference worker answer all waiting
+requests, and trains when the learner has a full batch, repeating until one batch was trained.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from fastrl.workers.inference import InferenceWorker
+from fastrl.workers.learner import Learner
+from fastrl.workers.process import WorkerContext
+from fastrl.workers.rollout import RolloutWorker, WouldBlock
+
+MAX_IDLE_ROUNDS = 10_000  # rounds without any progress before declaring a deadlock
+
+
+class SerialDriver:
+    def __init__(self, ctx: WorkerContext, log: logging.Logger):
+        torch.set_num_threads(1)  # one thread: the same float summation order on every run
+        torch.set_num_interop_threads(1) if torch.get_num_interop_threads() != 1 else None
+        s = ctx.cfg.sampler
+        self.learner = Learner(ctx, log)
+        self.inference = [InferenceWorker(ctx, i, log) for i in range(s.num_inference_workers)]
+        for inf in self.inference:
+            inf.wait_for_first_weights()  # the runner published them before creating us
+        self.rollouts = [RolloutWorker(ctx, w, log, block=False) for w in range(s.num_rollout_workers)]
+        self.started = [False] * len(self.rollouts)
+
+    def advance(self) -> dict:
+        """Run the pipeline until the learner has trained one batch; its report."""
+        idle = 0
+        while True:
+            progressed = False
+            for w, rollout in enumerate(self.rollouts):
+                try:
+                    if not self.started[w]:
+                        rollout.start()
+                        self.started[w] = True
+                    rollout.pump()
+                    progressed = True
+                except WouldBlock:
+                    pass
+            for inf in self.inference:
+                inf.pump(0.0)
+            if self.learner.collect(block=False):
+                return self.learner.train_one()
+            idle = 0 if progressed else idle + 1
+            if idle > MAX_IDLE_ROUNDS:
+                raise RuntimeError("serial mode made no progress (deadlock); check sampler.num_traj_buffers")
+
+    def close(self) -> None:
+        self.learner.save()
+        for rollout in self.rollouts:
+            rollout.close()

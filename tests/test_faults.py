@@ -1,0 +1,145 @@
+"""Worker faults during real runs, injected with the packaged fastrl/Faulty-v0 env and kill -9:
+the run notices, replaces the worker, keeps its counters consistent and finishes; a worker that
+keeps dying, or a dead learner, stops the run cleanly with a message naming it."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from helpers import ROOT, RunProcess
+
+pytestmark = pytest.mark.integration
+CARTPOLE = str(ROOT / "configs/cartpole.yaml")
+SHORT = ["--set", "run.stop_at_mean_return=null", "--set", "run.report_interval_s=1"]
+SLOT = 32 * 16  # rollout_len x envs per split in the CartPole preset
+BATCH = 1024
+
+
+def faulty(**kwargs) -> list[str]:
+    return ["--set", "env.id=fastrl/Faulty-v0", "--set", f"env.kwargs={json.dumps(kwargs)}"]
+
+
+def assert_clean(run: RunProcess) -> None:
+    assert run.leftover_children() == [], "child processes outlived the run"
+    assert run.leftover_segments() == [], "shared memory left in /dev/shm"
+
+
+def assert_counters_consistent(summary: dict, num_slots: int = 9) -> None:
+    """Nothing trained twice (trained <= delivered) and nothing lost but in-flight slots."""
+    trained = summary["train_steps"] * BATCH
+    assert trained <= summary["env_steps"]
+    assert summary["env_steps"] - trained <= num_slots * SLOT
+
+
+def test_env_exception_segfault_and_kill_are_survived(tmp_path):
+    faults = tmp_path / "faults"
+    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(crash_after=4000, segfault_after=9000, fault_dir=str(faults)),
+                     "--set", "run.train_for_env_steps=120000", runs_dir=tmp_path)
+    assert run.wait_for("replaced it", 90), run.output
+    assert run.wait_for("killed by SIGSEGV", 90), run.output
+    assert run.wait_for("return(last", 60), run.output
+    os.kill(_wait_for_process(run, "fastrl-rollout-1"), signal.SIGKILL)
+    assert run.wait(180) == 0, run.output
+    out = run.output
+    assert "exit code 1 (fastrl.envs.faults.InjectedFault: injected env crash" in out
+    assert "killed by SIGSEGV" in out and "killed by SIGKILL" in out
+    summary = run.summary()
+    assert sum(summary["worker_restarts"].values()) >= 3 and summary["failure"] is None
+    assert summary["env_steps"] >= 120000
+    assert_counters_consistent(summary)
+    assert_clean(run)
+
+
+def _title(pid: int) -> str:
+    """The process title set by setproctitle (the kernel's comm name keeps only 15 characters)."""
+    import psutil
+
+    try:
+        return (psutil.Process(pid).cmdline() or [""])[0]
+    except psutil.NoSuchProcess:
+        return ""
+
+
+def _wait_for_process(run: RunProcess, title: str, timeout_s: float = 30.0) -> int:
+    """The pid of the run's live child with this title (a replacement takes a moment to name itself)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run.track_children()
+        live = [p for p in run.children if _title(p) == title]
+        if live:
+            return live[-1]
+        time.sleep(0.1)
+    raise AssertionError(f"no {title} process; output:\n{run.output}")
+
+
+def test_hung_env_is_detected_by_heartbeat_and_replaced(tmp_path):
+    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(hang_after=3000, fault_dir=str(tmp_path / "f")),
+                     "--set", "system.heartbeat_timeout_s=3", "--set", "run.train_for_env_steps=150000",
+                     runs_dir=tmp_path)
+    assert run.wait(150) == 0, run.output
+    assert "sent no heartbeat" in run.output and "replaced it" in run.output
+    assert_counters_consistent(run.summary())
+    assert_clean(run)
+
+
+def test_a_worker_that_keeps_dying_stops_the_run(tmp_path):
+    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(crash_after=2000),
+                     "--set", "system.max_restarts_per_worker=1", "--set", "run.train_for_env_steps=10000000",
+                     runs_dir=tmp_path)
+    assert run.wait(150) == 1, run.output
+    assert "already replaced 1 times" in run.output
+    assert run.summary()["failure"]
+    assert list((run.run_dir / "checkpoints").glob("checkpoint_*.pt"))
+    assert_clean(run)
+
+
+def test_a_dead_learner_stops_the_run_naming_it(tmp_path):
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=10000000", runs_dir=tmp_path)
+    assert run.wait_for("learner busy", 60) and run.wait_for("return(last", 60), run.output
+    os.kill(_wait_for_process(run, "fastrl-learner"), signal.SIGKILL)
+    assert run.wait(60) == 1, run.output
+    assert "stopping: fastrl-learner killed by SIGKILL" in run.output
+    assert_clean(run)
+
+
+def test_nonfinite_observations_and_rewards_are_masked(tmp_path):
+    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(nan_every=101), "--set", "run.train_for_env_steps=40000",
+                     runs_dir=tmp_path)
+    assert run.wait(120) == 0, run.output
+    summary = run.summary()
+    assert summary["nonfinite_transitions_masked"] > 100
+    assert summary["nonfinite_steps_skipped"] == 0 and summary["train_steps"] > 0
+    last = json.loads((run.run_dir / "learner.jsonl").read_text().splitlines()[-1])
+    assert all(v == v for v in last.values())  # no NaN reached the losses
+    assert_clean(run)
+
+
+def test_kill_9_of_the_whole_run_then_resume(tmp_path):
+    first = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=10000000",
+                       "--set", "run.save_every_s=1", runs_dir=tmp_path)
+    ckpts = first.run_dir / "checkpoints"
+    deadline = time.monotonic() + 90
+    while len(list(ckpts.glob("checkpoint_*.pt"))) < 2 and time.monotonic() < deadline:
+        first.track_children()
+        time.sleep(0.2)
+    first.track_children()
+    first.proc.kill()
+    first.proc.wait(10)
+    time.sleep(3)
+    assert first.leftover_children() == [], "children outlived a kill -9 of the runner"
+    assert first.leftover_segments(), "expected the killed run's segments to still be there"
+    newest = sorted(ckpts.glob("checkpoint_*.pt"))[-1]
+    import torch
+
+    saved = torch.load(newest, weights_only=True)
+    second = RunProcess("--resume", "--set", f"run.train_for_env_steps={saved['env_steps'] + 20000}",
+                        runs_dir=tmp_path)
+    assert second.wait(120) == 0, second.output
+    assert first.leftover_segments() == [], "the next start did not remove a dead run's segments"
+    s2 = second.summary()
+    assert s2["env_steps"] >= saved["env_steps"] + 20000
+    assert s2["train_steps"] > saved["train_steps"] and s2["policy_version"] > saved["policy_version"]
+    assert_clean(second)

@@ -1,0 +1,116 @@
+"""Checkpoints a user (or an attacker) might hand fastrl: truncated, from another model, a pickle
+that carries code. Each is refused with one line and exit 2, and nothing on disk changes.
+Also: a checkpoint write killed at any instant never leaves a partial file under a final name."""
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastrl.cli import main
+from fastrl.config import config_to_dict, load_config
+from fastrl.envs import resolve_env
+from fastrl.models import ActorCritic
+from fastrl.rundir import latest_checkpoint, load_checkpoint, remove_partial_files, save_checkpoint, write_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CARTPOLE = ROOT / "configs/cartpole.yaml"
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A finished CartPole run directory holding one real checkpoint."""
+    cfg = load_config(CARTPOLE)
+    model = ActorCritic(resolve_env(cfg.env), cfg.model)
+    run = tmp_path / "r"
+    write_run_config(run, config_to_dict(cfg))
+    optimizer = torch.optim.Adam(model.parameters())
+    save_checkpoint(run / "checkpoints", {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                          "policy_version": 7, "train_steps": 3, "env_steps": 3072}, keep=3)
+    return run
+
+
+def snapshot(path: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def resume(capsys, run: Path, *extra: str) -> tuple[int, str]:
+    code = main(["train", "--runs-dir", str(run.parent), "--name", run.name, "--resume", *extra])
+    return code, capsys.readouterr().err
+
+
+def assert_refused(code: int, err: str, expected: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], err
+
+
+def test_truncated_checkpoint_is_refused(capsys, run_dir):
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    ckpt.write_bytes(ckpt.read_bytes()[:500])
+    before = snapshot(run_dir)
+    assert_refused(*resume(capsys, run_dir), "is truncated or corrupt")
+    assert snapshot(run_dir) == before
+
+
+def test_checkpoint_from_another_model_is_refused(capsys, run_dir):
+    before = snapshot(run_dir)
+    assert_refused(*resume(capsys, run_dir, "--set", "model.hidden_sizes=[32, 32]"), "does not fit this model")
+    assert snapshot(run_dir) == before
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {MARKER}",))
+
+
+MARKER = Path("/tmp/fastrl-test-pickle-payload-ran")
+
+
+def test_pickle_carrying_code_is_refused_and_never_runs(capsys, run_dir, tmp_path):
+    MARKER.unlink(missing_ok=True)
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {}, "optimizer": {}, "policy_version": 0, "train_steps": 0, "env_steps": 0,
+                "x": _Payload()}, evil)
+    before = snapshot(run_dir)
+    assert_refused(*resume(capsys, run_dir, "--checkpoint", str(evil)), "refusing")
+    assert not MARKER.exists(), "loading the checkpoint ran its code"
+    assert snapshot(run_dir) == before
+
+
+def test_not_a_checkpoint_and_misused_flag(capsys, run_dir, tmp_path):
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(3)}, other)
+    assert_refused(*resume(capsys, run_dir, "--checkpoint", str(other)), "not a fastrl checkpoint")
+    code = main(["train", "--runs-dir", str(tmp_path), "--config", str(CARTPOLE), "--checkpoint", str(other)])
+    assert_refused(code, capsys.readouterr().err, "--checkpoint is for --resume")
+
+
+def _save_forever(directory: str) -> None:
+    state = {"model": {"w": torch.randn(1_000_000)}, "optimizer": {}, "policy_version": 0, "env_steps": 0}
+    step = 0
+    while True:
+        step += 1
+        save_checkpoint(Path(directory), dict(state, train_steps=step), keep=2)
+
+
+def test_a_save_killed_at_any_moment_leaves_only_complete_checkpoints(tmp_path):
+    ctx = mp.get_context("spawn")
+    rng = random.Random(0)
+    for _ in range(8):
+        p = ctx.Process(target=_save_forever, args=(str(tmp_path),))
+        p.start()
+        time.sleep(1.5 + rng.random())
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(5)
+        finals = sorted(tmp_path.glob("checkpoint_*.pt"))
+        assert finals
+        for f in finals:  # every file under a final name is whole
+            assert load_checkpoint(f)["model"]["w"].numel() == 1_000_000
+    remove_partial_files(tmp_path)
+    assert not list(tmp_path.glob(".checkpoint_*"))

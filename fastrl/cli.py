@@ -42,6 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--budget-s", type=float, default=600.0, help="total time for the search (default 600)")
     tune.add_argument("--trial-s", type=float, default=20.0, help="measuring time of one trial (default 20)")
     tune.add_argument("--out", default="tune_out", help="folder for the overlay YAML, table and chart")
+
+    ev = sub.add_parser("eval", help="play episodes with a run's checkpoint and report the return")
+    ev.add_argument("run_dir", help="a run directory (runs/<name>), finished or interrupted")
+    ev.add_argument("--checkpoint", help="this checkpoint instead of the run's newest")
+    ev.add_argument("--episodes", type=int, default=10, help="episodes to play, one env each (default 10)")
+    ev.add_argument("--deterministic", action="store_true", help="most likely action instead of sampling")
+    ev.add_argument("--seed", type=int, default=12345, help="env and sampling seed (default 12345)")
+    ev.add_argument("--video", help="record the first episode here (.gif; image observations only)")
+
+    plot = sub.add_parser("plot", help="draw return against env steps and wall time for one or more runs")
+    plot.add_argument("run_dirs", nargs="+", help="run directories to compare")
+    plot.add_argument("--out", default="curves.png", help="PNG to write (default curves.png)")
+    plot.add_argument("--title", help="figure title (default: the run names)")
     return parser
 
 
@@ -174,9 +187,38 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from fastrl.envs import EnvError
+    from fastrl.eval.play import EvalError, play
+    from fastrl.eval.video import VideoError, write_video
+    from fastrl.rundir import CheckpointError
+
+    if args.episodes < 1:
+        return _one_line_error("--episodes must be >= 1")
+    try:
+        result = play(Path(args.run_dir), Path(args.checkpoint) if args.checkpoint else None, args.episodes,
+                      args.deterministic, args.seed, record=bool(args.video))
+        print(result.text())
+        if args.video:
+            print(f"wrote {write_video(result.frames, Path(args.video))}")
+    except (EvalError, CheckpointError, EnvError, VideoError) as e:
+        return _one_line_error(str(e))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from fastrl.eval.curves import PlotError, plot_runs
+
+    try:
+        print(f"wrote {plot_runs([Path(d) for d in args.run_dirs], Path(args.out), args.title)}")
+    except PlotError as e:
+        return _one_line_error(str(e))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    commands = {"train": cmd_train, "bench": cmd_bench, "tune": cmd_tune}
+    commands = {"train": cmd_train, "bench": cmd_bench, "tune": cmd_tune, "eval": cmd_eval, "plot": cmd_plot}
     return commands[args.command](args)
 
 

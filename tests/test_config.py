@@ -20,8 +20,9 @@ def test_every_preset_loads_and_checks(preset):
     assert config_from_dict(config_to_dict(cfg)) == cfg  # config.json round-trips
 
 
-def test_presets_include_the_documented_three():
-    assert {"cartpole.yaml", "atari_pong.yaml", "mujoco_halfcheetah.yaml"} <= {p.name for p in PRESETS}
+def test_presets_include_the_documented_ones():
+    expected = {"cartpole.yaml", "atari_pong.yaml", "atari_breakout.yaml", "mujoco_halfcheetah.yaml"}
+    assert expected <= {p.name for p in PRESETS}
 
 
 def test_overrides_are_typed():

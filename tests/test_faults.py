@@ -143,3 +143,19 @@ def test_kill_9_of_the_whole_run_then_resume(tmp_path):
     assert s2["env_steps"] >= saved["env_steps"] + 20000
     assert s2["train_steps"] > saved["train_steps"] and s2["policy_version"] > saved["policy_version"]
     assert_clean(second)
+
+
+def test_nonfinite_training_stops_the_run_and_never_checkpoints_bad_weights(tmp_path):
+    """An absurd learning rate overflows the weights; the losses turn NaN, every step is skipped,
+    and after K in a row the run stops with a message; no checkpoint holds non-finite weights."""
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "algo.lr=1e38", "--set", "algo.max_grad_norm=1e38",
+                     "--set", "system.max_nonfinite_steps_in_row=4", "--set", "run.train_for_env_steps=10000000",
+                     runs_dir=tmp_path)
+    assert run.wait(120) == 1, run.output
+    assert "optimizer steps in a row had a non-finite loss or gradient" in run.output
+    import torch
+
+    for ckpt in (run.run_dir / "checkpoints").glob("checkpoint_*.pt"):
+        state = torch.load(ckpt, weights_only=True)
+        assert all(torch.isfinite(v).all() for v in state["model"].values()), ckpt
+    assert_clean(run)

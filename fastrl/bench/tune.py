@@ -157,9 +157,8 @@ class Tuner:
                 if problems:
                     self.skipped.append(f"{Trial(changes, []).label}: {problems[0]}")
                     break
-                # keep time to confirm a winner side by side (one round at least)
-                reserve = 0 if self.best is self.baseline else 2
-                if self._left_s() < self._expected_trial_s() * (1 + reserve):
+                # keep time to confirm side by side: one round (preset and challenger) at least
+                if self._left_s() < self._expected_trial_s() * 3:
                     raise _BudgetSpent
                 trial = self._measure(changes, prune=True, phase="search")
                 self.trials.append(trial)
@@ -183,15 +182,21 @@ class Tuner:
         self._confirm()
 
     def _confirm(self) -> None:
-        """Measure preset and winner again, alternately, so noise and drift hit both alike."""
-        if self.best is self.baseline:
+        """Measure the preset and the strongest challenger again, alternately, so noise and drift hit
+        both alike; the challenger wins only if its median then beats the preset's by MIN_GAIN. When
+        the preset led the search, the runner-up is the challenger (a lucky first measurement of the
+        preset must not hide a real gain)."""
+        others = [t for t in self.trials if t is not self.baseline and not t.pruned]
+        if not others:
             return
+        challenger = self.best if self.best is not self.baseline else max(others, key=lambda t: t.rate)
         for _ in range(CONFIRM_ROUNDS):
-            for trial in (self.baseline, self.best):
+            for trial in (self.baseline, challenger):
                 if self._left_s() < self._expected_trial_s():
-                    return
+                    break
                 again = self._measure(trial.changes, prune=False, phase="confirm")
                 trial.rates.append(again.rate)
+        self.best = challenger if challenger.rate > self.baseline.rate * (1 + MIN_GAIN) else self.baseline
 
     # --- output
     def finish(self) -> str:
@@ -212,6 +217,10 @@ class Tuner:
         gain = best.rate / base.rate - 1 if base.rate else 0.0
         lines.append(f"best: {best.label}: {best.rate:,.0f} env steps/s vs preset {base.rate:,.0f} "
                      f"({gain:+.0%}; medians of {len(best.rates)} and {len(base.rates)} measurements in this run)")
+        confirmed = [t for t in self.trials if t is not base and len(t.rates) > 1]
+        for t in confirmed:
+            lines.append(f"side by side: {t.label} {t.rate:,.0f} (measurements {', '.join(f'{r:,.0f}' for r in t.rates)}) "
+                         f"vs preset {base.rate:,.0f} ({', '.join(f'{r:,.0f}' for r in base.rates)})")
         overlay = self._write_overlay(best, base)
         chart = self._write_chart()
         (self.out_dir / "tune_results.json").write_text(json.dumps(

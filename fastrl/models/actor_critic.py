@@ -94,6 +94,10 @@ class ActorCritic(nn.Module):
         actions = params + std * torch.randn_like(params)
         return actions, self.log_prob(params, actions)
 
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        """The most likely action (deterministic evaluation)."""
+        return params.argmax(-1) if self.discrete else params
+
     def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         if self.discrete:
             return torch.log_softmax(params, dim=-1).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)

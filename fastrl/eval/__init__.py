@@ -1,0 +1,1 @@
+"""After training: play a run's checkpoint (`fastrl eval`) and draw its learning curves (`fastrl plot`)."""

@@ -1,0 +1,61 @@
+"""`fastrl plot runs/<a> [runs/<b> ...]`: mean return (last 100 episodes) against env steps and
+against wall time, one line per run, from each run's metrics.jsonl. A resumed run continues its
+line: its wall clock restarts at each resume, so each segment is shifted to follow the last."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class PlotError(Exception):
+    pass
+
+
+def load_curve(run_dir: Path) -> dict:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise PlotError(f"{run_dir}: no metrics.jsonl (not a fastrl run directory, or written by an older fastrl)")
+    steps, wall, ret = [], [], []
+    offset = last_wall = 0.0
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["wall_s"] < last_wall:  # a resume restarted the clock
+            offset += last_wall
+        last_wall = row["wall_s"]
+        if "episode/return_mean" in row:
+            steps.append(row["env_steps"])
+            wall.append(offset + row["wall_s"])
+            ret.append(row["episode/return_mean"])
+    if not ret:
+        raise PlotError(f"{run_dir}: no finished episodes recorded yet")
+    frames_per_step = 1
+    if steps and "frames" in row and row["env_steps"]:
+        frames_per_step = max(1, round(row["frames"] / row["env_steps"]))
+    return {"name": run_dir.name, "env_steps": steps, "wall_s": wall, "return": ret,
+            "frames_per_env_step": frames_per_step}
+
+
+def plot_runs(run_dirs: list[Path], out: Path, title: str | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = [load_curve(d) for d in run_dirs]
+    fig, (ax_steps, ax_wall) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for c in curves:
+        ax_steps.plot(c["env_steps"], c["return"], label=c["name"])
+        ax_wall.plot([w / 60 for w in c["wall_s"]], c["return"], label=c["name"])
+    fpe = curves[0]["frames_per_env_step"]
+    ax_steps.set_xlabel("env steps" + (f" (x{fpe} = frames)" if fpe > 1 else ""))
+    ax_wall.set_xlabel("wall time (minutes)")
+    ax_steps.set_ylabel("mean return, last 100 episodes")
+    for ax in (ax_steps, ax_wall):
+        ax.grid(alpha=0.3)
+    ax_wall.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title or ", ".join(c["name"] for c in curves), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out

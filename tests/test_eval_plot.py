@@ -1,0 +1,49 @@
+"""Smoke test of `fastrl eval` and `fastrl plot` on a tiny real run, and the GIF writer."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fastrl.cli import main
+from fastrl.eval.video import VideoError, write_video
+from helpers import ROOT, RunProcess
+
+
+@pytest.mark.integration
+def test_eval_and_plot_a_short_run(tmp_path, capsys):
+    run = RunProcess("--config", str(ROOT / "configs/cartpole.yaml"), "--set", "run.train_for_env_steps=30000",
+                     "--set", "run.stop_at_mean_return=null", "--set", "run.report_interval_s=0.5",
+                     runs_dir=tmp_path)
+    assert run.wait(120) == 0, run.output
+    assert main(["eval", str(run.run_dir), "--episodes", "4", "--deterministic"]) == 0
+    out = capsys.readouterr().out
+    assert "4 episodes of" in out and "return" in out and "30," in out  # trained env steps are named
+    # a sampled policy, from an explicit checkpoint, is fine too
+    ckpt = sorted((run.run_dir / "checkpoints").glob("checkpoint_*.pt"))[0]
+    assert main(["eval", str(run.run_dir), "--episodes", "2", "--checkpoint", str(ckpt)]) == 0
+    # CartPole's observations are not pictures: a clear one-line refusal
+    assert main(["eval", str(run.run_dir), "--episodes", "1", "--video", str(tmp_path / "x.gif")]) == 2
+    assert "not images" in capsys.readouterr().err
+    png = tmp_path / "curves.png"
+    assert main(["plot", str(run.run_dir), str(run.run_dir), "--out", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows and {"env_steps", "wall_s", "frames"} <= set(rows[-1])
+
+
+def test_eval_refuses_what_is_not_a_run(tmp_path, capsys):
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "not a fastrl run directory" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 2
+
+
+def test_gif_of_image_observations(tmp_path):
+    frames = [np.full((4, 84, 84), i * 20, dtype=np.uint8) for i in range(5)]
+    path = write_video(frames, tmp_path / "e.gif")
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.size == (252, 252) and im.n_frames == 5
+    with pytest.raises(VideoError):
+        write_video(frames, tmp_path / "e.mp4")

@@ -148,7 +148,7 @@ def test_kill_9_of_the_whole_run_then_resume(tmp_path):
 def test_nonfinite_training_stops_the_run_and_never_checkpoints_bad_weights(tmp_path):
     """An absurd learning rate overflows the weights; the losses turn NaN, every step is skipped,
     and after K in a row the run stops with a message; no checkpoint holds non-finite weights."""
-    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "algo.lr=1e38", "--set", "algo.max_grad_norm=1e38",
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "algo.lr=1e20", "--set", "algo.max_grad_norm=1e30",
                      "--set", "system.max_nonfinite_steps_in_row=4", "--set", "run.train_for_env_steps=10000000",
                      runs_dir=tmp_path)
     assert run.wait(120) == 1, run.output

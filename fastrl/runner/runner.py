@@ -19,7 +19,6 @@ import torch
 
 from fastrl.buffers import SharedControl, SharedWeights, ShmAllocator, TrajBuffers, remove_stale_segments
 from fastrl.config.checks import envs_per_split, num_traj_buffers
-from fastrl.config.loader import config_to_dict
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
 from fastrl.ipc import Channels

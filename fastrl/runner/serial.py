@@ -24,7 +24,6 @@ MAX_IDLE_ROUNDS = 10_000  # rounds without any progress before declaring a deadl
 class SerialDriver:
     def __init__(self, ctx: WorkerContext, log: logging.Logger):
         torch.set_num_threads(1)  # one thread: the same float summation order on every run
-        torch.set_num_interop_threads(1) if torch.get_num_interop_threads() != 1 else None
         s = ctx.cfg.sampler
         self.learner = Learner(ctx, log)
         self.inference = [InferenceWorker(ctx, i, log) for i in range(s.num_inference_workers)]

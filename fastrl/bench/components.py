@@ -81,7 +81,7 @@ def env_worker(cfg: Config, spec: EnvSpec, index: int, counters) -> None:
 
 
 def _sample_counter(read: Callable[[], float], seconds: float, warmup_s: float, progress: Progress,
-                    label: str, window_s: float, on_start: Callable[[], None], on_stop: Callable[[], None],
+                    label: str, on_start: Callable[[], None], on_stop: Callable[[], None],
                     ready: Callable[[], bool] = lambda: True) -> tuple[list, float, float]:
     """Poll a cumulative counter: wait until `ready`, warm up, then record points for `seconds`."""
     while not ready():
@@ -120,8 +120,7 @@ def bench_env(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) ->
             return all(counters[i] > 0 for i in range(workers))
 
         points, count, wall = _sample_counter(lambda: float(sum(counters[:workers])), seconds, min(2.0, seconds / 4),
-                                              progress, "env steps", max(1.0, seconds / 10), sampler.start,
-                                              sampler.stop, ready)
+                                              progress, "env steps", sampler.start, sampler.stop, ready)
     finally:
         counters[workers] = 1
         for p in procs:

@@ -30,18 +30,15 @@ class SerialDriver:
         for inf in self.inference:
             inf.wait_for_first_weights()  # the runner published them before creating us
         self.rollouts = [RolloutWorker(ctx, w, log, block=False) for w in range(s.num_rollout_workers)]
-        self.started = [False] * len(self.rollouts)
 
     def advance(self) -> dict:
         """Run the pipeline until the learner has trained one batch; its report."""
         idle = 0
         while True:
             progressed = False
-            for w, rollout in enumerate(self.rollouts):
+            for rollout in self.rollouts:
                 try:
-                    if not self.started[w]:
-                        rollout.start()
-                        self.started[w] = True
+                    rollout.start()  # does nothing once every group has its slot
                     rollout.pump()
                     progressed = True
                 except WouldBlock:

@@ -95,12 +95,14 @@ class TreeSampler:
         except psutil.NoSuchProcess:
             return None
 
+    def _cpu_snapshot(self) -> dict[str, float]:
+        """CPU seconds so far of every process still alive."""
+        cpu = {name: self._cpu_s(p) for name, p in self.procs.items()}
+        return {name: c for name, c in cpu.items() if c is not None}
+
     def start(self) -> None:
         self.t_start = time.monotonic()
-        for name, p in self.procs.items():
-            cpu = self._cpu_s(p)
-            if cpu is not None:
-                self.cpu_start[name] = cpu
+        self.cpu_start = self._cpu_snapshot()
 
     def sample_memory(self) -> None:
         total_rss = total_pss = 0
@@ -119,10 +121,7 @@ class TreeSampler:
 
     def stop(self) -> None:
         self.t_end = time.monotonic()
-        for name, p in self.procs.items():
-            cpu = self._cpu_s(p)
-            if cpu is not None:
-                self.cpu_end[name] = cpu
+        self.cpu_end = self._cpu_snapshot()
 
     def cpu_seconds(self) -> float:
         return sum(self.cpu_end[n] - self.cpu_start[n] for n in self.cpu_end if n in self.cpu_start)

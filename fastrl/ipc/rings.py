@@ -98,12 +98,17 @@ class IntRing:
 
     def push(self, record) -> None:
         """Producer only. Capacity is sized so that the ring cannot overflow (see Channels)."""
+        self.push_many([record])
+
+    def push_many(self, records: list) -> None:
+        """Producer only: publish several records with one head update and one wake-up."""
         c = self.counters.array
         head = int(c[0])
-        if head - int(c[1]) >= self.capacity:
+        if head - int(c[1]) + len(records) > self.capacity:
             raise OverflowError("ring full: more records in flight than it was sized for")
-        self.data.array[head % self.capacity] = record
-        c[0] = head + 1  # publish after the record is written
+        for k, record in enumerate(records):
+            self.data.array[(head + k) % self.capacity] = record
+        c[0] = head + len(records)  # publish after the records are written
         self.bell.ring()
 
     def pop_all(self, max_records: int = 1 << 30) -> list[tuple]:
@@ -137,6 +142,10 @@ class MsgRing:
         return MsgRing(alloc.array(f"{name}.counters", (2,), np.int64),
                        alloc.array(f"{name}.lengths", (capacity,), np.int64),
                        alloc.array(f"{name}.data", (capacity, record_bytes), np.uint8), bell)
+
+    def __len__(self) -> int:
+        c = self.counters.array
+        return int(c[0] - c[1])
 
     def try_push(self, message: dict) -> bool:
         """Producer only. False if the ring is full or the message too big (reports are best-effort)."""
@@ -176,6 +185,6 @@ class MsgRing:
 def wait_any(bell: Doorbell, rings: list, timeout_s: float) -> None:
     """Consumer: return when one of `rings` (all rung on `bell`) has a record, or after the timeout."""
     seen = bell.value
-    if any(len(r) if isinstance(r, IntRing) else r.counters.array[0] > r.counters.array[1] for r in rings):
+    if any(len(r) for r in rings):
         return
     bell.wait(seen, timeout_s)

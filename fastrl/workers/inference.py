@@ -99,9 +99,7 @@ class InferenceWorker:
             offset += n
             replies[worker].append((generation, split, token))
         for worker, msgs in replies.items():
-            ring = self.ctx.channels.replies[worker]
-            for msg in msgs:
-                ring.push(msg)
+            self.ctx.channels.replies[worker].push_many(msgs)
         counts = self.ctx.control.inference_counts.array[self.index]
         counts[0] += 1
         counts[1] += offset

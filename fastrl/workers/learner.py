@@ -115,7 +115,7 @@ class Learner:
 
     def _assemble(self) -> dict:
         """Copy the batch's slots out of shared memory, time-major [T(+1), slots*envs, ...], and free them."""
-        ids, self.pending = self.pending[:self.slots_needed], self.pending[self.slots_needed:]
+        ids = self._take_batch_slots()
         bufs = self.ctx.bufs
         batch = {}
         for key in BATCH_KEYS:
@@ -123,6 +123,10 @@ class Learner:
             batch[key] = torch.from_numpy(np.concatenate([arr[i] for i in ids], axis=1)).to(self.device)
         self._free(ids)
         return batch
+
+    def _take_batch_slots(self) -> list[int]:
+        ids, self.pending = self.pending[:self.slots_needed], self.pending[self.slots_needed:]
+        return ids
 
     def _free(self, slots: list[int]) -> None:
         """Each freed slot goes to the rollout worker with the fewest free slots waiting: a slow or
@@ -135,8 +139,7 @@ class Learner:
         cfg = self.cfg
         started = time.perf_counter()
         if cfg.system.learner_discards_batches:
-            self._free(self.pending[:self.slots_needed])
-            self.pending = self.pending[self.slots_needed:]
+            self._free(self._take_batch_slots())
             stats = {"valid_samples": 0, "samples": 0, "dropped_for_lag": 0}
         else:
             batch = self._assemble()

@@ -47,6 +47,9 @@ class ModelConfig:
     shared_encoder: bool = opt(False, "One encoder for actor and critic; False gives each its own.")
     normalize_obs: bool = opt(False, "Running mean/std observation normalisation (updated by the learner).")
     init_log_std: float = opt(0.0, "Initial log standard deviation of the Gaussian policy (continuous actions).")
+    precision: Literal["fp32", "bf16"] = opt(
+        "fp32", "Compute precision of the network's layers (inference and learner): bf16 runs convs and matmuls "
+        "under torch autocast; weights, optimizer state, losses and V-trace stay fp32.")
 
 
 @dataclass

@@ -1,8 +1,12 @@
 """The lock-free rings that connect the processes: order, capacity, wake-ups across processes,
-and the property they exist for: a process killed with SIGKILL at any moment cannot wedge them."""
+and the property they exist for: a process killed with SIGKILL at any moment cannot wedge them.
+
+Every test runs on both implementations, the Python reference and fastrl_ext's C++ (`native`),
+which share one memory layout; the mixed tests put one of each on the two ends of a ring."""
 
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import time
 
@@ -20,8 +24,21 @@ def alloc():
     a.unlink_all()
 
 
-def test_int_ring_is_fifo_and_wraps(alloc):
-    bell = Doorbell.allocate(alloc, "bell")
+@pytest.fixture(params=[False, True], ids=["python", "native"])
+def native(request):
+    return request.param
+
+
+def as_impl(obj, native: bool):
+    """The same shared ring or bell, driven by the other implementation (what another process could do)."""
+    clone = pickle.loads(pickle.dumps(obj))
+    bell = clone if isinstance(clone, Doorbell) else clone.bell
+    bell.native = native
+    return clone
+
+
+def test_int_ring_is_fifo_and_wraps(alloc, native):
+    bell = Doorbell.allocate(alloc, "bell", native)
     ring = IntRing.allocate(alloc, "r", 4, 2, bell)
     seen = []
     for i in range(10):  # wraps around the 4 records twice
@@ -32,8 +49,8 @@ def test_int_ring_is_fifo_and_wraps(alloc):
     assert ring.pop_all() == [] and len(ring) == 0
 
 
-def test_int_ring_refuses_to_overwrite(alloc):
-    ring = IntRing.allocate(alloc, "r", 3, 1, Doorbell.allocate(alloc, "bell"))
+def test_int_ring_refuses_to_overwrite(alloc, native):
+    ring = IntRing.allocate(alloc, "r", 3, 1, Doorbell.allocate(alloc, "bell", native))
     for i in range(3):
         ring.push(i)
     with pytest.raises(OverflowError):
@@ -42,8 +59,8 @@ def test_int_ring_refuses_to_overwrite(alloc):
     assert ring.pop_all() == [(2,)]
 
 
-def test_msg_ring_round_trips_and_rejects_oversized(alloc):
-    ring = MsgRing.allocate(alloc, "m", 2, 256, Doorbell.allocate(alloc, "bell"))
+def test_msg_ring_round_trips_and_rejects_oversized(alloc, native):
+    ring = MsgRing.allocate(alloc, "m", 2, 256, Doorbell.allocate(alloc, "bell", native))
     assert ring.try_push({"kind": "episodes", "scores": [1.5, 2.0]})
     assert not ring.try_push({"blob": "x" * 1000})
     assert ring.try_push({"kind": "x"}) and not ring.try_push({"kind": "full"})
@@ -58,8 +75,8 @@ def _producer(ring, n, delay_s):
         ring.push(i)
 
 
-def test_consumer_sleeps_until_a_producer_in_another_process_pushes(alloc):
-    bell = Doorbell.allocate(alloc, "bell")
+def test_consumer_sleeps_until_a_producer_in_another_process_pushes(alloc, native):
+    bell = Doorbell.allocate(alloc, "bell", native)
     ring = IntRing.allocate(alloc, "r", 64, 1, bell)
     p = mp.get_context("spawn").Process(target=_producer, args=(ring, 5000, 0.5))
     p.start()
@@ -80,9 +97,9 @@ def _spin_producer(ring):
             i += 1
 
 
-def test_a_producer_killed_mid_push_leaves_the_ring_usable(alloc):
+def test_a_producer_killed_mid_push_leaves_the_ring_usable(alloc, native):
     """SIGKILL lands wherever the producer is; the consumer still sees a gap-free prefix."""
-    bell = Doorbell.allocate(alloc, "bell")
+    bell = Doorbell.allocate(alloc, "bell", native)
     ring = IntRing.allocate(alloc, "r", 16, 1, bell)
     ctx = mp.get_context("spawn")
     for _ in range(3):
@@ -98,3 +115,58 @@ def test_a_producer_killed_mid_push_leaves_the_ring_usable(alloc):
         assert len(got) >= 2000 and np.all(np.diff(got) == 1)  # each producer counts from 0, in order
         ring.push(-1)  # the ring still works after the kill
         assert ring.pop_all() == [(-1,)]
+
+
+def test_native_and_python_ends_interoperate(alloc):
+    ring = IntRing.allocate(alloc, "r", 8, 3, Doorbell.allocate(alloc, "bell", False))
+    native_end = as_impl(ring, True)
+    for i in range(20):
+        native_end.push_many([(i, 1, 2), (i, -1, -2)])
+        assert ring.pop_all() == [(i, 1, 2), (i, -1, -2)]
+        ring.push((i, 0, 0))
+        assert native_end.pop_all() == [(i, 0, 0)]
+
+
+def test_native_rejects_bad_records_without_publishing(alloc):
+    ring = IntRing.allocate(alloc, "r", 4, 2, Doorbell.allocate(alloc, "bell", True))
+    with pytest.raises(ValueError):
+        ring.push((1, 2, 3))
+    with pytest.raises(TypeError):
+        ring.push_many([(1, 2), ("x", 3)])
+    with pytest.raises(OverflowError):
+        ring.push_many([(i, i) for i in range(5)])
+    assert len(ring) == 0 and ring.pop_all() == []
+
+
+def _echo(requests, replies, n):
+    for _ in range(n):
+        got = []
+        while not got:
+            wait_any(requests.bell, [requests], 10.0)
+            got = requests.pop_all()
+        replies.push_many(got)
+
+
+@pytest.mark.parametrize("echo_native", [False, True], ids=["echo-python", "echo-native"])
+def test_ping_pong_never_loses_a_wake_up(alloc, native, echo_native):
+    """2,000 round trips, each side asleep between them: a lost wake-up would stall a round trip
+    for the 10 s timeout, so finishing in time shows the skip-the-syscall protocol is safe."""
+    n = 2000
+    requests = IntRing.allocate(alloc, "req", 4, 1, Doorbell.allocate(alloc, "bell.echo", echo_native))
+    replies = IntRing.allocate(alloc, "rep", 4, 1, Doorbell.allocate(alloc, "bell.main", native))
+    p = mp.get_context("spawn").Process(target=_echo, args=(as_impl(requests, native), as_impl(replies, echo_native), n))
+    p.start()
+    started = time.monotonic()
+    try:
+        for i in range(n):
+            requests.push(i)
+            got = []
+            while not got:
+                wait_any(replies.bell, [replies], 10.0)
+                got = replies.pop_all()
+            assert got == [(i,)]
+            assert time.monotonic() - started < 60
+    finally:
+        p.join(10)
+        if p.is_alive():
+            p.kill()

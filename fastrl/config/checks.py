@@ -5,6 +5,7 @@ Run before any process starts, so that a bad run fails in a second with every re
 
 from __future__ import annotations
 
+import fastrl_ext
 from fastrl.config.schema import Config
 
 
@@ -58,6 +59,9 @@ def check_config(cfg: Config) -> list[str]:
             problems.append(f"{key} must be >= 0, got {value}")
     if r.train_for_seconds is not None and r.train_for_seconds <= 0:
         problems.append(f"run.train_for_seconds must be > 0 or null, got {r.train_for_seconds}")
+    if sysc.native_rings and fastrl_ext._rings is None:
+        problems.append(f"system.native_rings=true but fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}): "
+                        "reinstall with a C++ compiler (pip install -e .), or set system.native_rings=false")
     if a.value_clip is not None and a.value_clip <= 0:
         problems.append(f"algo.value_clip must be > 0 or null, got {a.value_clip}")
     if s.max_policy_lag < 0:

@@ -87,6 +87,9 @@ class SystemConfig:
     restart_window_s: float = opt(600.0, "Window over which max_restarts_per_worker is counted.")
     max_nonfinite_steps_in_row: int = opt(
         20, "Stop (with the last good checkpoint) after this many consecutive non-finite optimizer steps.")
+    native_rings: bool = opt(
+        True, "Channels push/pop/wait through fastrl_ext (C++), which skips wake-up syscalls while the receiver "
+        "is busy; false uses the pure-Python reference (same memory layout), e.g. to compare the two.")
     serial: bool = opt(
         False, "Debug mode: every component in one process, stepped in a fixed order; bit-reproducible from the seed.")
 

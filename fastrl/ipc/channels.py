@@ -42,11 +42,16 @@ class Channels:
 
     @staticmethod
     def allocate(alloc: ShmAllocator, num_rollout_workers: int, num_inference_workers: int, num_slots: int,
-                 num_splits: int, num_processes: int) -> "Channels":
+                 num_splits: int, num_processes: int, native: bool = False) -> "Channels":
+        """`native`: push, pop and wait through fastrl_ext (C++) rather than the Python reference."""
         w_range, m = range(num_rollout_workers), num_inference_workers
-        inference_bells = [Doorbell.allocate(alloc, f"bell.inference{i}") for i in range(m)]
-        rollout_bells = [Doorbell.allocate(alloc, f"bell.rollout{w}") for w in w_range]
-        learner_bell, runner_bell = Doorbell.allocate(alloc, "bell.learner"), Doorbell.allocate(alloc, "bell.runner")
+
+        def bell(name: str) -> Doorbell:
+            return Doorbell.allocate(alloc, name, native)
+
+        inference_bells = [bell(f"bell.inference{i}") for i in range(m)]
+        rollout_bells = [bell(f"bell.rollout{w}") for w in w_range]
+        learner_bell, runner_bell = bell("bell.learner"), bell("bell.runner")
         # requests/replies: one per split outstanding, plus re-sends after inference restarts
         small = 4 * num_splits + 8
         return Channels(

@@ -10,11 +10,16 @@ killed mid-pop leaves the record for its replacement. No lock exists that could 
 Ordering: the producer writes the record, then head; the consumer reads head, then the record.
 On x86-64 stores are seen in program order, which this relies on (fastrl targets x86-64 Linux).
 
-Waking: each consumer has a Doorbell, a 32-bit counter in shared memory. A producer bumps it
-after pushing and calls FUTEX_WAKE; a consumer with nothing to read sleeps in FUTEX_WAIT on the
-value it saw before checking its rings, so a push that lands in between makes the wait return
-at once. Several producers may share one doorbell; a lost increment can only delay a wake-up
-until the wait's timeout, never lose a record.
+Waking: each consumer has a Doorbell, [seq, waiters] as int32 in shared memory. A producer
+bumps seq after pushing and calls FUTEX_WAKE; a consumer with nothing to read sets waiters and
+sleeps in FUTEX_WAIT on the seq it saw before checking its rings, so a push that lands in between
+makes the wait return at once. Several producers may share one doorbell; in the Python version a
+lost increment can only delay a wake-up until the wait's timeout, never lose a record.
+
+Two implementations share this memory layout: these classes in Python (the reference), and
+fastrl_ext._rings in C++ (`native=True`, chosen by `system.native_rings`). The native one bumps
+seq with a locked add, which lets it read `waiters` safely and skip the wake-up syscall while the
+consumer is awake; Python has no fence to offer, so it always pays the syscall.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 
 import numpy as np
 
+import fastrl_ext
 from fastrl.buffers.shm import ShmAllocator, ShmArray
 
 _SYS_FUTEX = 202  # x86-64
@@ -38,26 +44,28 @@ class _Timespec(ctypes.Structure):
 
 
 class Doorbell:
-    """A futex word: producers ring it, one consumer sleeps on it."""
+    """A futex word and its consumer's waiting flag: producers ring it, one consumer sleeps on it."""
 
-    def __init__(self, cell: ShmArray):
-        self.cell = cell
+    def __init__(self, cell: ShmArray, native: bool = False):
+        if native and fastrl_ext._rings is None:
+            raise RuntimeError(f"fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}); reinstall with a C++ compiler")
+        self.cell, self.native = cell, native
         self._addr = None
 
     @staticmethod
-    def allocate(alloc: ShmAllocator, name: str) -> "Doorbell":
-        return Doorbell(alloc.array(name, (1,), np.int32))
+    def allocate(alloc: ShmAllocator, name: str, native: bool = False) -> "Doorbell":
+        return Doorbell(alloc.array(name, (2,), np.int32), native)
 
     def __getstate__(self):
-        return {"cell": self.cell}
+        return {"cell": self.cell, "native": self.native}
 
     def __setstate__(self, state):
-        self.cell, self._addr = state["cell"], None
+        self.cell, self.native, self._addr = state["cell"], state["native"], None
 
     @property
-    def addr(self) -> ctypes.c_void_p:
+    def address(self) -> int:
         if self._addr is None:
-            self._addr = ctypes.c_void_p(self.cell.array.ctypes.data)
+            self._addr = int(self.cell.array.ctypes.data)
         return self._addr
 
     @property
@@ -65,16 +73,26 @@ class Doorbell:
         return int(self.cell.array[0])
 
     def ring(self) -> None:
+        if self.native:
+            fastrl_ext._rings.ring(self.address)
+            return
         arr = self.cell.array
         arr[0] = (int(arr[0]) + 1) & 0x7FFFFFFF
-        _libc.syscall(_SYS_FUTEX, self.addr, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.address), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
     def wait(self, seen: int, timeout_s: float) -> None:
         """Sleep until rung (or `timeout_s`), unless it was rung since `seen` was read."""
+        if self.native:
+            fastrl_ext._rings.wait(self.address, seen, float(timeout_s))
+            return
         if timeout_s <= 0:
             return
         ts = _Timespec(int(timeout_s), int((timeout_s % 1.0) * 1e9))
-        _libc.syscall(_SYS_FUTEX, self.addr, _FUTEX_WAIT, ctypes.c_int(seen), ctypes.byref(ts), None, 0)
+        arr = self.cell.array
+        arr[1] = 1  # a native producer skips the wake-up unless this is set
+        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.address), _FUTEX_WAIT, ctypes.c_int(seen),
+                      ctypes.byref(ts), None, 0)
+        arr[1] = 0
 
 
 class IntRing:
@@ -82,15 +100,32 @@ class IntRing:
 
     def __init__(self, counters: ShmArray, data: ShmArray, bell: Doorbell):
         self.counters, self.data, self.bell = counters, data, bell  # counters: [head, tail]
+        self._native_args = None
 
     @staticmethod
     def allocate(alloc: ShmAllocator, name: str, capacity: int, width: int, bell: Doorbell) -> "IntRing":
         return IntRing(alloc.array(f"{name}.counters", (2,), np.int64),
                        alloc.array(f"{name}.data", (capacity, width), np.int64), bell)
 
+    def __getstate__(self):
+        return {"counters": self.counters, "data": self.data, "bell": self.bell}
+
+    def __setstate__(self, state):
+        self.__init__(state["counters"], state["data"], state["bell"])
+
     @property
     def capacity(self) -> int:
         return self.data.shape[0]
+
+    @property
+    def counters_address(self) -> int:
+        return int(self.counters.array.ctypes.data)
+
+    def _addresses(self) -> tuple:
+        """(counters, data, capacity, width) for fastrl_ext: resolved once per process."""
+        if self._native_args is None:
+            self._native_args = (self.counters_address, int(self.data.array.ctypes.data), *self.data.shape)
+        return self._native_args
 
     def __len__(self) -> int:
         c = self.counters.array
@@ -98,10 +133,13 @@ class IntRing:
 
     def push(self, record) -> None:
         """Producer only. Capacity is sized so that the ring cannot overflow (see Channels)."""
-        self.push_many([record])
+        self.push_many((record,))
 
-    def push_many(self, records: list) -> None:
+    def push_many(self, records) -> None:
         """Producer only: publish several records with one head update and one wake-up."""
+        if self.bell.native:
+            fastrl_ext._rings.push_many(*self._addresses(), self.bell.address, records)
+            return
         c = self.counters.array
         head = int(c[0])
         if head - int(c[1]) + len(records) > self.capacity:
@@ -113,6 +151,8 @@ class IntRing:
 
     def pop_all(self, max_records: int = 1 << 30) -> list[tuple]:
         """Consumer only: every waiting record, oldest first."""
+        if self.bell.native:
+            return fastrl_ext._rings.pop_all(*self._addresses(), max_records)
         c = self.counters.array
         head, tail = int(c[0]), int(c[1])
         n = min(head - tail, max_records)
@@ -142,6 +182,10 @@ class MsgRing:
         return MsgRing(alloc.array(f"{name}.counters", (2,), np.int64),
                        alloc.array(f"{name}.lengths", (capacity,), np.int64),
                        alloc.array(f"{name}.data", (capacity, record_bytes), np.uint8), bell)
+
+    @property
+    def counters_address(self) -> int:
+        return int(self.counters.array.ctypes.data)
 
     def __len__(self) -> int:
         c = self.counters.array
@@ -184,6 +228,9 @@ class MsgRing:
 
 def wait_any(bell: Doorbell, rings: list, timeout_s: float) -> None:
     """Consumer: return when one of `rings` (all rung on `bell`) has a record, or after the timeout."""
+    if bell.native:
+        fastrl_ext._rings.wait_any(bell.address, [r.counters_address for r in rings], float(timeout_s))
+        return
     seen = bell.value
     if any(len(r) for r in rings):
         return

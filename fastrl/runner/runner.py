@@ -103,7 +103,7 @@ class Runner:
         control = SharedControl.allocate(self.alloc, num_processes(cfg), cfg.sampler.num_rollout_workers,
                                          cfg.sampler.num_inference_workers, num_slots)
         channels = Channels.allocate(self.alloc, cfg.sampler.num_rollout_workers, cfg.sampler.num_inference_workers,
-                                     num_slots, cfg.sampler.num_splits, num_processes(cfg))
+                                     num_slots, cfg.sampler.num_splits, num_processes(cfg), cfg.system.native_rings)
         for slot in range(num_slots):  # dealt round-robin; the learner rebalances as it frees them
             channels.free_slots[slot % cfg.sampler.num_rollout_workers].push(slot)
         mode = "serial debug mode, one process" if cfg.system.serial else \

@@ -1,0 +1,16 @@
+"""fastrl's native (C++) hot path, built by the ordinary `pip install` (setuptools + g++).
+
+`_rings`: push, pop and wait on the shared-memory rings and futex doorbells of
+`fastrl.ipc.rings`, whose pure-Python classes are the reference these are tested against
+(tests/test_rings.py runs every ring test on both). `system.native_rings` picks one per run.
+"""
+
+try:
+    from fastrl_ext import _rings
+except ImportError as err:  # not built (no compiler at install time): the Python paths still work
+    _rings = None
+    BUILD_ERROR = str(err)
+else:
+    BUILD_ERROR = ""
+
+__all__ = ["_rings", "BUILD_ERROR"]

@@ -85,3 +85,22 @@ def test_user_registered_gymnasium_env_runs(tmp_path):
     summary = run.summary()
     assert summary["train_steps"] > 0 and summary["episodes"] > 0
     assert_clean(run)
+
+
+@pytest.mark.parametrize("variant, override", [
+    ("in_rollout_acting", "sampler.num_inference_workers=0"),
+    ("python_rings", "system.native_rings=false"),
+])
+def test_variants_of_the_hot_path_train(tmp_path, variant, override):
+    """Rollout workers that run the policy themselves (no inference process), and the pure-Python
+    rings that fastrl_ext's are measured against, both run the whole system."""
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", override, "--set", "run.train_for_env_steps=30000",
+                     runs_dir=tmp_path)
+    assert run.wait_for("return(last 100)", 60), run.output
+    names = {n[:14] for n in run.child_names()}
+    assert run.wait(120) == 0, run.output
+    assert ("fastrl-inferen" in names) == (variant != "in_rollout_acting"), names
+    summary = run.summary()
+    assert summary["env_steps"] >= 30000 and summary["train_steps"] > 0 and summary["episodes"] > 0
+    assert summary["policy_version"] > 0 and summary["failure"] is None
+    assert_clean(run)

@@ -10,8 +10,8 @@ from helpers import ROOT, RunProcess
 pytestmark = pytest.mark.integration
 
 
-def _losses(tmp_path, name):
-    run = RunProcess("--config", str(ROOT / "configs/cartpole.yaml"), "--set", "system.serial=true",
+def _losses(tmp_path, name, *overrides):
+    run = RunProcess("--config", str(ROOT / "configs/cartpole.yaml"), "--set", "system.serial=true", *overrides,
                      "--set", "run.train_for_env_steps=15000", "--set", "run.stop_at_mean_return=null",
                      runs_dir=tmp_path, name=name)
     assert run.wait(120) == 0, run.output
@@ -21,6 +21,8 @@ def _losses(tmp_path, name):
             for r in rows]
 
 
-def test_serial_mode_is_bit_reproducible(tmp_path):
-    a, b = _losses(tmp_path, "a"), _losses(tmp_path, "b")
+@pytest.mark.parametrize("acting", ["inference_worker", "in_rollout"])
+def test_serial_mode_is_bit_reproducible(tmp_path, acting):
+    overrides = ("--set", "sampler.num_inference_workers=0") if acting == "in_rollout" else ()
+    a, b = _losses(tmp_path, "a", *overrides), _losses(tmp_path, "b", *overrides)
     assert len(a) >= 10 and a == b  # exact float equality, every batch

@@ -135,6 +135,8 @@ def bench_env(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) ->
 
 def inference_batch_size(cfg: Config) -> int:
     """What an inference worker typically gets: one pending split from each rollout worker it serves."""
+    if cfg.sampler.num_inference_workers == 0:
+        return envs_per_split(cfg)  # each rollout worker acts on one split at a time
     per_worker = -(-cfg.sampler.num_rollout_workers // cfg.sampler.num_inference_workers)
     return envs_per_split(cfg) * per_worker
 

@@ -26,6 +26,7 @@ from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
 from fastrl.runner.runner import Runner
 from fastrl.runner.stats import RunStats, hist_quantile
+from fastrl.config.checks import envs_per_split
 from fastrl.workers.process import heartbeat_index
 
 MEMORY_EVERY_S = 2.0
@@ -98,7 +99,9 @@ class SystemProbe:
         wait_frac = (self.end["wait_s"] - self.start["wait_s"]) / span
         n_roll, n_inf = cfg.sampler.num_rollout_workers, cfg.sampler.num_inference_workers
         rollout_idle = float(np.mean([wait_frac[heartbeat_index(cfg, "rollout", i)] for i in range(n_roll)]))
-        inference_busy = float(np.mean([1 - wait_frac[heartbeat_index(cfg, "inference", i)] for i in range(n_inf)]))
+        # no inference process (n_inf == 0): the rollout workers act, one split at a time
+        inference_busy = float(np.mean([1 - wait_frac[heartbeat_index(cfg, "inference", i)]
+                                        for i in range(n_inf)])) if n_inf else 0.0
         learner_wait = float(wait_frac[heartbeat_index(cfg, "learner", 0)])
         inf = self.end["inference"] - self.start["inference"]
         lag_hist = self.end["lag_hist"].copy()
@@ -113,7 +116,8 @@ class SystemProbe:
             "learner_wait_fraction": round(min(1.0, max(0.0, learner_wait)), 4),
             "rollout_idle_fraction": round(min(1.0, max(0.0, rollout_idle)), 4),
             "inference_busy_fraction": round(min(1.0, max(0.0, inference_busy)), 4),
-            "inference_mean_batch": round(float(inf[:, 1].sum() / max(inf[:, 0].sum(), 1)), 1),
+            "inference_mean_batch": round(float(inf[:, 1].sum() / max(inf[:, 0].sum(), 1)), 1) if n_inf
+            else float(envs_per_split(cfg)),
             "policy_lag": {"p50": hist_quantile(lag_hist, 0.5), "p95": hist_quantile(lag_hist, 0.95),
                            "max": int(np.flatnonzero(lag_hist).max()) if lag_hist.any() else None},
             "samples_dropped_for_lag": int(self.end["dropped"] - self.start["dropped"]),

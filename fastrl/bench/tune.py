@@ -60,7 +60,7 @@ def knobs(cores: int) -> list[Knob]:
             Knob("sampler.num_envs_per_worker", "x2", 4, 1024),
             Knob("sampler.num_rollout_workers", "+1", 1, 4 * cores),
             Knob("sampler.num_splits", "x2", 1, 8),
-            Knob("sampler.num_inference_workers", "+1", 1, 2 * cores),
+            Knob("sampler.num_inference_workers", "+1", 0, 2 * cores),
             Knob("system.inference_threads", "+1", 1, cores),
             Knob("sampler.env_threads", "+1", 1, cores),
             Knob("algo.batch_size", "x2", 64, 65536, changes_algorithm=True)]

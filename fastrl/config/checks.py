@@ -37,7 +37,7 @@ def check_config(cfg: Config) -> list[str]:
     positive = {
         "sampler.num_rollout_workers": s.num_rollout_workers, "sampler.num_envs_per_worker": s.num_envs_per_worker,
         "sampler.num_splits": s.num_splits, "sampler.env_threads": s.env_threads,
-        "sampler.rollout_len": s.rollout_len, "sampler.num_inference_workers": s.num_inference_workers,
+        "sampler.rollout_len": s.rollout_len,
         "algo.batch_size": a.batch_size, "algo.num_epochs": a.num_epochs, "algo.num_minibatches": a.num_minibatches,
         "system.learner_threads": sysc.learner_threads, "system.inference_threads": sysc.inference_threads,
         "run.train_for_env_steps": r.train_for_env_steps, "run.keep_checkpoints": r.keep_checkpoints,
@@ -54,7 +54,8 @@ def check_config(cfg: Config) -> list[str]:
     for key, value in {"algo.gamma": a.gamma, "algo.vtrace_lambda": a.vtrace_lambda}.items():
         if not 0.0 <= value <= 1.0:
             problems.append(f"{key} must be in [0, 1], got {value}")
-    for key, value in {"algo.value_coef": a.value_coef, "algo.entropy_coef": a.entropy_coef}.items():
+    for key, value in {"algo.value_coef": a.value_coef, "algo.entropy_coef": a.entropy_coef,
+                       "sampler.num_inference_workers": s.num_inference_workers}.items():
         if value < 0:
             problems.append(f"{key} must be >= 0, got {value}")
     if r.train_for_seconds is not None and r.train_for_seconds <= 0:

@@ -33,7 +33,9 @@ class SamplerConfig:
     num_splits: int = opt(2, "Env groups per rollout worker; >=2 lets one group step while another waits for actions.")
     env_threads: int = opt(1, "envpool C++ threads per group (one envpool instance per group).")
     rollout_len: int = opt(32, "Env steps per trajectory (T); the learner bootstraps from step T.")
-    num_inference_workers: int = opt(1, "Inference worker processes running the batched policy forward.")
+    num_inference_workers: int = opt(
+        1, "Inference worker processes running the batched policy forward; 0 = each rollout worker runs the "
+        "policy itself (no round trip to another process: faster for tiny models such as 2x64 MLPs).")
     num_traj_buffers: int = opt(0, "Trajectory slots in shared memory; 0 = enough for the groups plus 2 batches.")
     max_policy_lag: int = opt(50, "Samples acted by a policy more than this many SGD steps old are masked out.")
 

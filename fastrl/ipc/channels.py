@@ -54,10 +54,12 @@ class Channels:
         learner_bell, runner_bell = bell("bell.learner"), bell("bell.runner")
         # requests/replies: one per split outstanding, plus re-sends after inference restarts
         small = 4 * num_splits + 8
+        # no inference workers (m == 0): each rollout worker acts itself, so no requests or replies
         return Channels(
             requests=[IntRing.allocate(alloc, f"requests{w}", small, REQUEST_WIDTH, inference_bells[w % m])
-                      for w in w_range],
-            replies=[IntRing.allocate(alloc, f"replies{w}", small, REPLY_WIDTH, rollout_bells[w]) for w in w_range],
+                      for w in w_range] if m else [],
+            replies=[IntRing.allocate(alloc, f"replies{w}", small, REPLY_WIDTH, rollout_bells[w])
+                     for w in w_range] if m else [],
             full_slots=[IntRing.allocate(alloc, f"full{w}", num_slots + 1, 1, learner_bell) for w in w_range],
             free_slots=[IntRing.allocate(alloc, f"free{w}", num_slots + 1, 1, rollout_bells[w]) for w in w_range],
             reports=[MsgRing.allocate(alloc, f"reports{p}", REPORT_CAPACITY, REPORT_BYTES, runner_bell)

@@ -28,7 +28,7 @@ class SerialDriver:
         self.learner = Learner(ctx, log)
         self.inference = [InferenceWorker(ctx, i, log) for i in range(s.num_inference_workers)]
         for inf in self.inference:
-            inf.wait_for_first_weights()  # the runner published them before creating us
+            inf.actor.wait_for_first_weights(inf._idle)  # the runner published them before creating us
         self.rollouts = [RolloutWorker(ctx, w, log, block=False) for w in range(s.num_rollout_workers)]
 
     def advance(self) -> dict:

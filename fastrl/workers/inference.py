@@ -1,10 +1,8 @@
 """Inference worker: one batched policy forward over every pending request.
 
-A request names (rollout worker, generation, split, token, slot, t). The worker reads those
-observations in place from the trajectory slots, runs one forward pass, writes actions,
-log-probs, values and the policy version back into the same slots, and tells each rollout
-worker which splits are ready. Before each batch it picks up newer weights if the learner has
-published some.
+A request names (rollout worker, generation, split, token, slot, t). The worker acts on all of
+them in one forward pass (fastrl.workers.acting: observations read in place, results written
+into the same slots) and tells each rollout worker which splits are ready.
 
 Requests from a replaced rollout worker (an old generation) are dropped, and a request re-sent
 after an inference restart is answered once: after the runner has reclaimed a dead worker's
@@ -17,11 +15,8 @@ import logging
 import time
 from collections import defaultdict
 
-import numpy as np
-import torch
-
 from fastrl.ipc import wait_any
-from fastrl.models import ActorCritic
+from fastrl.workers.acting import PolicyActor
 from fastrl.workers.process import WorkerContext, heartbeat_index
 
 POLL_S = 0.1
@@ -30,38 +25,15 @@ POLL_S = 0.1
 class InferenceWorker:
     def __init__(self, ctx: WorkerContext, index: int, log: logging.Logger):
         self.ctx, self.index, self.log = ctx, index, log
-        self.device = torch.device(ctx.cfg.system.device)
-        self.model = ActorCritic(ctx.spec, ctx.cfg.model).to(self.device).eval()
-        self.staging = ctx.weights.new_staging()
-        self.seen_seq = -1
-        self.version = -1
+        self.actor = PolicyActor(ctx, seed=ctx.cfg.run.seed * 7919 + index)
         self.hb = heartbeat_index(ctx.cfg, "inference", index)
-        b = ctx.bufs
-        self.obs, self.actions, self.log_probs = b.obs.array, b.actions.array, b.log_probs.array
-        self.values, self.policy_version = b.values.array, b.policy_version.array
         self.rings = [ctx.channels.requests[w] for w in ctx.channels.rollouts_of(index)]
         self.bell = ctx.channels.inference_bells[index]
         self.answered: dict[tuple, int] = {}  # (worker, generation, split) -> last token answered
-        torch.manual_seed(ctx.cfg.run.seed * 7919 + index)  # action sampling: reproducible in serial mode
 
-    def _refresh_weights(self) -> None:
-        seq = int(self.ctx.weights.header.array[0])
-        if seq == self.seen_seq or seq == 0:
-            return
-        version = self.ctx.weights.try_read(self.staging)
-        if version is None:  # caught the learner mid-write; keep the current weights for this batch
-            return
-        self.ctx.weights.load_into(self.model, self.staging.to(self.device) if self.device.type != "cpu" else self.staging)
-        self.seen_seq, self.version = seq, version
-
-    def wait_for_first_weights(self) -> None:
-        while self.version < 0:
-            self._refresh_weights()
-            if self.version < 0:
-                self.ctx.control.beat(self.hb)
-                if self.ctx.control.stop_requested:
-                    return
-                time.sleep(0.01)
+    def _idle(self) -> bool:
+        self.ctx.control.beat(self.hb)
+        return self.ctx.control.stop_requested
 
     def _live(self, requests: list) -> list:
         generations = self.ctx.control.rollout_generation.array
@@ -81,28 +53,15 @@ class InferenceWorker:
         requests = self._live(requests)
         if not requests:
             return
-        self._refresh_weights()
-        views = [self.obs[slot, t] for (*_, slot, t) in requests]
-        obs = torch.from_numpy(views[0] if len(views) == 1 else np.concatenate(views))
-        with torch.inference_mode():
-            params, values = self.model(obs.to(self.device, non_blocking=True))
-            actions, log_probs = self.model.sample(params)
-        actions, log_probs, values = actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
+        samples = self.actor.act([(slot, t) for (*_, slot, t) in requests])
         replies = defaultdict(list)
-        offset = 0
-        for (worker, generation, split, token, slot, t), view in zip(requests, views):
-            n = view.shape[0]
-            self.actions[slot, t] = actions[offset:offset + n]
-            self.log_probs[slot, t] = log_probs[offset:offset + n]
-            self.values[slot, t] = values[offset:offset + n]
-            self.policy_version[slot, t] = self.version
-            offset += n
+        for worker, generation, split, token, _slot, _t in requests:
             replies[worker].append((generation, split, token))
         for worker, msgs in replies.items():
             self.ctx.channels.replies[worker].push_many(msgs)
         counts = self.ctx.control.inference_counts.array[self.index]
         counts[0] += 1
-        counts[1] += offset
+        counts[1] += samples
 
     def pump(self, timeout_s: float) -> None:
         """Answer whatever requests are waiting (waiting up to `timeout_s` for the first)."""
@@ -119,7 +78,7 @@ class InferenceWorker:
             self.step(requests)
 
     def run(self) -> None:
-        self.wait_for_first_weights()
+        self.actor.wait_for_first_weights(self._idle)
         while not self.ctx.control.stop_requested:
             self.pump(POLL_S)
 

@@ -22,6 +22,7 @@ from fastrl.buffers.control import NO_OWNER
 from fastrl.config.checks import envs_per_split
 from fastrl.envs import Step, make_split
 from fastrl.ipc import put_report, wait_any
+from fastrl.workers.acting import PolicyActor
 from fastrl.workers.process import WorkerContext, heartbeat_index
 
 POLL_S = 0.1
@@ -44,7 +45,11 @@ class RolloutWorker:
         self.control = ctx.control
         self.generation = int(self.control.rollout_generation.array[worker_index])
         ch = ctx.channels
-        self.requests, self.replies = ch.requests[worker_index], ch.replies[worker_index]
+        # no inference workers: this worker runs the policy itself (sampler.num_inference_workers=0)
+        self.actor = PolicyActor(ctx, seed=cfg.run.seed * 7919 + 104729 * (worker_index + 1)) \
+            if cfg.sampler.num_inference_workers == 0 else None
+        self.requests = ch.requests[worker_index] if self.actor is None else None
+        self.replies = ch.replies[worker_index] if self.actor is None else None
         self.free_ring, self.full_ring, self.bell = ch.free_slots[worker_index], ch.full_slots[worker_index], \
             ch.rollout_bells[worker_index]
         self.reports = ch.reports[self.hb]
@@ -103,6 +108,8 @@ class RolloutWorker:
             self.control.add_wait(self.hb, time.perf_counter() - started)
 
     def _take_replies(self) -> None:
+        if self.actor is not None:
+            return
         for generation, split, token in self.replies.pop_all():
             if generation == self.generation:  # replies to a predecessor are not ours
                 self.ready[split] = token
@@ -126,6 +133,8 @@ class RolloutWorker:
 
     def _resend_if_inference_restarted(self) -> None:
         """A replacement inference worker never saw the requests its predecessor had taken."""
+        if self.actor is not None:
+            return
         epoch = self.control.inference_epoch
         if epoch == self.inference_epoch:
             return
@@ -138,6 +147,10 @@ class RolloutWorker:
 
     # --- the per-step work
     def _request(self, split: int) -> None:
+        if self.actor is not None:  # acting here and now: the request is answered on the spot
+            self.actor.act([(self.slot[split], self.t[split])])
+            self.ready[split] = self.token[split]
+            return
         self.requests.push((self.index, self.generation, split, self.token[split], self.slot[split], self.t[split]))
 
     def _send(self, split: int) -> None:
@@ -201,6 +214,10 @@ class RolloutWorker:
 
     def start(self) -> None:
         """Give every group a slot, its first observation and its first action request."""
+        if self.actor is not None and self.actor.version < 0:
+            self.actor.wait_for_first_weights(lambda: self.control.beat(self.hb) or self.control.stop_requested)
+            if self.actor.version < 0:
+                raise Stopped
         for s, env in enumerate(self.envs):
             if self.slot[s] < 0:
                 self.slot[s] = self._take_free_slot()

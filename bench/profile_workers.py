@@ -35,7 +35,7 @@ CATEGORIES = [
     ("weight publish (learner)", ("._publish ", "SharedWeights.publish")),
     ("weight refresh (inference)", ("_refresh_weights",)),
     ("batch assembly: copy out of shm", ("Learner._assemble",)),
-    ("backward", ("Tensor.backward", "autograd/")),
+    ("backward", ("Tensor.backward", "backward (torch/autograd")),
     ("optimizer step", ("optim/", "Optimizer.")),
     ("grad-norm clip", ("clip_grad",)),
     ("V-trace", ("vtrace (",)),
@@ -43,7 +43,7 @@ CATEGORIES = [
     ("obs normaliser", ("normalizer.py",)),
     ("forward pass", ("ActorCritic.forward",)),
     ("action sampling", ("ActorCritic.sample",)),
-    ("env send/recv (Python side)", ("EnvpoolSplit.", "GymnasiumSplit.", "envpool/")),
+    ("envpool send/recv (caller thread)", ("EnvpoolSplit.", "GymnasiumSplit.", "envpool/")),
     ("non-finite checks", ("_mask_nonfinite",)),
     ("trajectory writes + episode stats", ("RolloutWorker._record",)),
     ("ring traffic (push/pop/wake)", ("ipc/rings.py",)),
@@ -53,11 +53,18 @@ CATEGORIES = [
     ("request filtering", ("InferenceWorker._live",)),
 ]
 OTHER = "other Python"
+# py-spy cannot tell a thread asleep in FUTEX_WAIT (called through ctypes or fastrl_ext) from one
+# that is running, so samples are taken with --idle and the waits are recognised by their frames.
+WAITING = "(asleep waiting)"
+WAIT_MARKERS = ("wait_any (", "Doorbell.wait", "sleep (", "time.sleep")
 NATIVE_THREADS = {"rollout": "envpool C++ threads (env stepping)", "inference": "torch intra-op threads",
                   "learner": "torch intra-op threads"}
 
 
 def classify(stack: str) -> str:
+    leaf = stack.rsplit(";", 2)[-2:]  # the wait must be where the thread is now, not just on its stack
+    if any(m in frame for frame in leaf for m in WAIT_MARKERS):
+        return WAITING
     for name, needles in CATEGORIES:
         if any(n in stack for n in needles):
             return name
@@ -112,7 +119,8 @@ def profile(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="fastrl_profile_"))
     cmd = [sys.executable, "-m", "fastrl.cli", "train", "--config", args.config, "--name", "profile",
            "--runs-dir", str(work), "--set", "run.report_interval_s=1",
-           "--set", f"run.train_for_seconds={args.warmup_s + args.seconds + 60}"]
+           "--set", f"run.train_for_seconds={args.warmup_s + args.seconds + 60}",
+           "--set", "run.stop_at_mean_return=null", "--set", "run.train_for_env_steps=1000000000"]
     for override in args.set:
         cmd += ["--set", override]
     run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -127,7 +135,7 @@ def profile(args) -> dict:
         cpu0 = {name: thread_cpu_s(p) for name, p in children.items()}
         spies = {name: subprocess.Popen(
             [py_spy, "record", "--pid", str(p.pid), "--duration", str(args.seconds), "--rate", str(args.rate),
-             "--format", "raw", "--nonblocking", "-o", str(work / f"{name}.txt")],
+             "--format", "raw", "--nonblocking", "--idle", "-o", str(work / f"{name}.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, p in children.items()}
         for spy in spies.values():
             spy.wait()
@@ -142,19 +150,25 @@ def profile(args) -> dict:
             os.killpg(run.pid, signal.SIGKILL)
     env_steps = max(steps1 - steps0, 1)
     table: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    asleep: dict[str, list] = defaultdict(list)
     for name in children:
         kind = name.split("-")[0]
         samples = read_collapsed(work / f"{name}.txt") if (work / f"{name}.txt").exists() else Counter()
         main_s = cpu1[name][0] - cpu0[name][0]
         other_s = cpu1[name][1] - cpu0[name][1]
+        waiting = samples.pop(WAITING, 0)
         total = sum(samples.values()) or 1
         for cat, n in samples.items():
             table[kind][cat] += main_s * n / total / env_steps * 1e6
+        asleep[kind].append(waiting / max(waiting + total, 1))
         table[kind][NATIVE_THREADS[kind]] += other_s / env_steps * 1e6
+    if args.keep:
+        shutil.copytree(work, args.keep, dirs_exist_ok=True)  # the raw py-spy stacks, for a flame graph
     shutil.rmtree(work, ignore_errors=True)
     return {"config": args.config, "overrides": args.set, "window_s": wall1 - wall0, "env_steps": env_steps,
             "env_steps_per_s": env_steps / max(wall1 - wall0, 1e-9),
-            "cpu_us_per_env_step": {k: dict(v) for k, v in table.items()}}
+            "cpu_us_per_env_step": {k: dict(v) for k, v in table.items()},
+            "main_thread_asleep_fraction": {k: sum(v) / len(v) for k, v in asleep.items()}}
 
 
 def format_report(doc: dict) -> str:
@@ -165,7 +179,8 @@ def format_report(doc: dict) -> str:
         rows = doc["cpu_us_per_env_step"].get(kind, {})
         subtotal = sum(rows.values())
         grand += subtotal
-        lines.append(f"  {kind:<10} {subtotal:9.1f}")
+        asleep = doc["main_thread_asleep_fraction"].get(kind, 0.0)
+        lines.append(f"  {kind:<10} {subtotal:9.1f}   (main thread asleep on its doorbell {asleep:.0%} of the window)")
         for cat, us in sorted(rows.items(), key=lambda kv: -kv[1]):
             if us >= 0.01:
                 lines.append(f"      {cat:<38} {us:9.2f}  {100 * us / max(subtotal, 1e-9):5.1f}%")
@@ -181,6 +196,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second per process")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--keep", help="copy the raw py-spy stacks (collapsed format) and the run here")
     args = parser.parse_args()
     doc = profile(args)
     print(format_report(doc))

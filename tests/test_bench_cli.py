@@ -27,7 +27,8 @@ def test_bench_runs_every_stage_and_writes_json(tmp_path):
     for name in ("sample", "train"):
         st = stages[name]
         assert st["measured_s"] >= 2.0 and st["env_steps_per_s"]["median"] > 0
-        assert {p["name"] for p in st["processes"]} >= {"fastrl-learner", "fastrl-inference-0", "fastrl-rollout-0"}
+        # the CartPole preset acts in its rollout workers: no inference process
+        assert {p["name"] for p in st["processes"]} >= {"fastrl-learner", "fastrl-rollout-0", "fastrl-rollout-1"}
         assert 0 <= st["learner_busy_fraction"] <= 1 and 0 <= st["rollout_idle_fraction"] <= 1
         assert st["peak_total_pss_mib"] > 0 and st["time_to_first_sample_s"] > 0
         assert st["bottleneck"]

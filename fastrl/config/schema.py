@@ -64,6 +64,9 @@ class AlgoConfig:
     value_coef: float = opt(0.5, "Weight of the value loss.")
     value_clip: Optional[float] = opt(None, "If set, clip the value prediction to +-this around the behaviour value.")
     entropy_coef: float = opt(0.003, "Weight of the entropy bonus.")
+    normalize_rewards: bool = opt(
+        False, "Divide rewards by a running std of the discounted return and clip to +-10 (PPO's MuJoCo recipe); "
+        "each rollout worker keeps its own statistics. Reported episode returns stay unscaled.")
     normalize_advantages: bool = opt(True, "Normalise advantages over the valid samples of a minibatch.")
     lr: float = opt(1e-4, "Adam learning rate.")
     lr_schedule: Literal["constant", "linear"] = opt("constant", "linear decays lr to 0 at train_for_env_steps.")

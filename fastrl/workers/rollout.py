@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from fastrl.algo.reward_scaling import ReturnScaler
 from fastrl.buffers.control import NO_OWNER
 from fastrl.config.checks import envs_per_split
 from fastrl.envs import Step, make_split
@@ -81,6 +82,8 @@ class RolloutWorker:
         self.ep_score = [np.zeros(self.num_envs, dtype=np.float64) for _ in range(n)]
         self.ep_len = [np.zeros(self.num_envs, dtype=np.int64) for _ in range(n)]
         self.finished_scores: list[float] = []
+        # per worker statistics; they restart with the worker (and on resume) and settle within a few rollouts
+        self.reward_scaler = ReturnScaler((n, self.num_envs), cfg.algo.gamma) if cfg.algo.normalize_rewards else None
         self.finished_lengths: list[int] = []
 
     # --- waiting, always with an eye on the stop flag
@@ -185,6 +188,8 @@ class RolloutWorker:
         np.logical_or(step.terminated, step.truncated, out=was_reset)
         if not np.isfinite(step.reward).all() or (self.float_obs and not np.isfinite(step.obs).all()):
             self._mask_nonfinite(split, step)
+        if self.reward_scaler is not None:
+            self.rewards[slot, t] = self.reward_scaler(split, self.rewards[slot, t], self.valid[slot, t], was_reset)
 
         self.ep_score[split] += step.score
         self.ep_len[split] += self.valid[slot, t]

@@ -1,0 +1,82 @@
+"""Two variants of a preset measured alternately by `fastrl bench`, so drift hits both alike.
+
+    python bench/side_by_side.py --config configs/atari_pong.yaml \
+        --before model.precision=fp32 --before system.native_rings=false --rounds 2 --seconds 20
+
+`--before` overrides make the "before" variant; "after" is the preset as shipped (plus any
+`--after` overrides). Each round runs `fastrl bench` on before, then after; the table shows the
+median over rounds of each stage's median rate, and after/before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RATE_KEYS = {"env": "env_steps_per_s", "infer": "samples_per_s", "learn": "samples_per_s",
+             "sample": "env_steps_per_s", "train": "env_steps_per_s"}
+
+
+def run_bench(config: str, overrides: list, seconds: int, stages: list) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        cmd = [sys.executable, "-m", "fastrl.cli", "bench", "--config", config, "--seconds", str(seconds),
+               "--json", str(out)]
+        for o in overrides:
+            cmd += ["--set", o]
+        for s in stages:
+            cmd += ["--stage", s]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())
+
+
+def summary_row(doc: dict) -> dict:
+    row = {name: st[RATE_KEYS[name]]["median"] for name, st in doc["stages"].items() if name in RATE_KEYS}
+    train = doc["stages"].get("train", {})
+    bound, eff = doc.get("bound", {}), doc.get("efficiency", {})
+    row.update({"train_bound": bound.get("train_env_steps_per_s"), "train_efficiency": eff.get("train"),
+                "sample_bound": bound.get("sample_env_steps_per_s"), "sample_efficiency": eff.get("sample")})
+    row["peak_pss_mib"] = train.get("peak_total_pss_mib")
+    row["first_sample_s"] = train.get("time_to_first_sample_s")
+    row["learner_wait"] = train.get("learner_wait_fraction")
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--before", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--after", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--stage", action="append", default=[], help="stages to run (default: all)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    runs: dict[str, list] = {"before": [], "after": []}
+    for _ in range(args.rounds):
+        for name, overrides in (("before", args.before), ("after", args.after)):
+            runs[name].append(run_bench(args.config, overrides, args.seconds, args.stage))
+    rows = {name: [summary_row(d) for d in docs] for name, docs in runs.items()}
+    keys = [k for k in rows["after"][0] if rows["after"][0][k] is not None]
+    print(f"{args.config}: before = {' '.join(args.before) or 'preset'}; after = {' '.join(args.after) or 'preset'}; "
+          f"{args.rounds} round(s) of {args.seconds} s stages")
+    print(f"{'':34}{'before':>12}{'after':>12}{'after/before':>14}")
+    medians = {}
+    for key in keys:
+        values = {n: [r[key] for r in rows[n] if r.get(key) is not None] for n in rows}
+        if not values["before"] or not values["after"]:
+            continue
+        b, a = statistics.median(values["before"]), statistics.median(values["after"])
+        medians[key] = {"before": b, "after": a}
+        print(f"{key:<34}{b:>12,.2f}{a:>12,.2f}{a / b if b else float('nan'):>13.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "medians": medians, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

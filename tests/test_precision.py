@@ -1,0 +1,55 @@
+"""model.precision=bf16: the layers run in bf16 under autocast, everything the loss sees is fp32,
+and the outputs stay close to the fp32 network with the same weights."""
+
+import numpy as np
+import pytest
+import torch
+
+from fastrl.config.schema import ModelConfig
+from fastrl.envs.spec import EnvSpec
+from fastrl.models import ActorCritic
+
+PONG = EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6, frames_per_env_step=4)
+CHEETAH = EnvSpec("HalfCheetah-v5", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
+
+
+def _pair(spec, **model):
+    torch.manual_seed(0)
+    fp32 = ActorCritic(spec, ModelConfig(**model))
+    bf16 = ActorCritic(spec, ModelConfig(precision="bf16", **model))
+    bf16.load_state_dict(fp32.state_dict())
+    return fp32, bf16
+
+
+def _obs(spec, n=32):
+    g = torch.Generator().manual_seed(1)
+    if spec.is_image:
+        return torch.randint(0, 256, (n, *spec.obs_shape), dtype=torch.uint8, generator=g)
+    return torch.randn((n, *spec.obs_shape), generator=g)
+
+
+@pytest.mark.parametrize("spec, model", [(PONG, {"encoder": "nature_cnn", "hidden_sizes": [512],
+                                                 "activation": "relu", "shared_encoder": True}),
+                                         (CHEETAH, {"normalize_obs": True})], ids=["cnn", "mlp"])
+def test_bf16_outputs_are_fp32_and_close_to_the_fp32_network(spec, model):
+    fp32, bf16 = _pair(spec, **model)
+    obs = _obs(spec)
+    p32, v32 = fp32(obs)
+    p16, v16 = bf16(obs)
+    assert p16.dtype == torch.float32 and v16.dtype == torch.float32
+    assert not torch.equal(p16, p32)  # bf16 really ran
+    scale = p32.abs().max() + v32.abs().max()
+    assert (p16 - p32).abs().max() < 0.05 * scale and (v16 - v32).abs().max() < 0.05 * scale
+
+
+def test_bf16_gradients_reach_fp32_weights_and_agree_in_direction():
+    fp32, bf16 = _pair(PONG, encoder="nature_cnn", hidden_sizes=[512], activation="relu", shared_encoder=True)
+    obs = _obs(PONG, 64)
+    grads = []
+    for net in (fp32, bf16):
+        params, values = net(obs)
+        (torch.log_softmax(params, -1)[:, 0].mean() + values.pow(2).mean()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in net.parameters()]))
+    assert all(p.dtype == torch.float32 for p in bf16.parameters())
+    cosine = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)
+    assert cosine > 0.99

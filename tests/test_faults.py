@@ -37,7 +37,7 @@ def assert_counters_consistent(summary: dict, num_slots: int = 9) -> None:
 def test_env_exception_segfault_and_kill_are_survived(tmp_path):
     faults = tmp_path / "faults"
     run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(crash_after=4000, segfault_after=9000, fault_dir=str(faults)),
-                     "--set", "run.train_for_env_steps=120000", runs_dir=tmp_path)
+                     "--set", "run.train_for_env_steps=200000", runs_dir=tmp_path)
     assert run.wait_for("replaced it", 90), run.output
     assert run.wait_for("killed by SIGSEGV", 90), run.output
     assert run.wait_for("return(last", 60), run.output

@@ -38,6 +38,22 @@ T* as_ptr(PyObject* obj) {
     return reinterpret_cast<T*>(PyLong_AsVoidPtr(obj));
 }
 
+// The (counters, data, capacity, width) arguments that name one ring, as push_many and pop_all take them.
+struct Ring {
+    int64_t* counters;
+    int64_t* data;
+    int64_t capacity;
+    int64_t width;
+};
+
+bool parse_ring(PyObject* const* args, Ring* ring) {
+    ring->counters = as_ptr<int64_t>(args[0]);
+    ring->data = as_ptr<int64_t>(args[1]);
+    ring->capacity = PyLong_AsLongLong(args[2]);
+    ring->width = PyLong_AsLongLong(args[3]);
+    return !PyErr_Occurred();
+}
+
 void bell_ring(Bell* bell) {
     __atomic_fetch_add(&bell->seq, 1u, __ATOMIC_SEQ_CST);  // a full fence on x86: orders the load below
     if (__atomic_load_n(&bell->waiters, __ATOMIC_SEQ_CST) != 0) {
@@ -64,10 +80,9 @@ PyObject* py_push_many(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "push_many(counters, data, capacity, width, bell, records)");
         return nullptr;
     }
-    auto* counters = as_ptr<int64_t>(args[0]);
-    auto* data = as_ptr<int64_t>(args[1]);
-    const int64_t capacity = PyLong_AsLongLong(args[2]);
-    const int64_t width = PyLong_AsLongLong(args[3]);
+    Ring ring;
+    if (!parse_ring(args, &ring)) return nullptr;
+    auto [counters, data, capacity, width] = ring;
     auto* bell = as_ptr<Bell>(args[4]);
     if (PyErr_Occurred()) return nullptr;
     PyObject* seq = PySequence_Fast(args[5], "records must be a sequence of tuples");
@@ -113,10 +128,9 @@ PyObject* py_pop_all(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "pop_all(counters, data, capacity, width, max_records)");
         return nullptr;
     }
-    auto* counters = as_ptr<int64_t>(args[0]);
-    auto* data = as_ptr<int64_t>(args[1]);
-    const int64_t capacity = PyLong_AsLongLong(args[2]);
-    const int64_t width = PyLong_AsLongLong(args[3]);
+    Ring ring;
+    if (!parse_ring(args, &ring)) return nullptr;
+    auto [counters, data, capacity, width] = ring;
     const int64_t max_records = PyLong_AsLongLong(args[4]);
     if (PyErr_Occurred()) return nullptr;
     const int64_t head = load_acquire(&counters[0]);

@@ -119,12 +119,14 @@ class IntRing:
 
     @property
     def counters_address(self) -> int:
-        return int(self.counters.array.ctypes.data)
+        return self._addresses()[0]
 
     def _addresses(self) -> tuple:
-        """(counters, data, capacity, width) for fastrl_ext: resolved once per process."""
+        """(counters, data, capacity, width) for fastrl_ext: resolved once per process, since
+        wait_any asks for the counters' address on every wait of the hot path."""
         if self._native_args is None:
-            self._native_args = (self.counters_address, int(self.data.array.ctypes.data), *self.data.shape)
+            self._native_args = (int(self.counters.array.ctypes.data), int(self.data.array.ctypes.data),
+                                 *self.data.shape)
         return self._native_args
 
     def __len__(self) -> int:

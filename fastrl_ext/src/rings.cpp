@@ -54,6 +54,13 @@ bool parse_ring(PyObject* const* args, Ring* ring) {
     return !PyErr_Occurred();
 }
 
+// FASTCALL functions take a fixed number of arguments; `usage` is the error text otherwise.
+bool expect_args(Py_ssize_t nargs, Py_ssize_t wanted, const char* usage) {
+    if (nargs == wanted) return true;
+    PyErr_SetString(PyExc_TypeError, usage);
+    return false;
+}
+
 void bell_ring(Bell* bell) {
     __atomic_fetch_add(&bell->seq, 1u, __ATOMIC_SEQ_CST);  // a full fence on x86: orders the load below
     if (__atomic_load_n(&bell->waiters, __ATOMIC_SEQ_CST) != 0) {
@@ -76,10 +83,7 @@ void bell_wait(Bell* bell, uint32_t seen, double timeout_s) {
 
 // push_many(counters, data, capacity, width, bell, records) -> None
 PyObject* py_push_many(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "push_many(counters, data, capacity, width, bell, records)");
-        return nullptr;
-    }
+    if (!expect_args(nargs, 6, "push_many(counters, data, capacity, width, bell, records)")) return nullptr;
     Ring ring;
     if (!parse_ring(args, &ring)) return nullptr;
     auto [counters, data, capacity, width] = ring;
@@ -124,10 +128,7 @@ PyObject* py_push_many(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 // pop_all(counters, data, capacity, width, max_records) -> list of tuples, oldest first
 PyObject* py_pop_all(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "pop_all(counters, data, capacity, width, max_records)");
-        return nullptr;
-    }
+    if (!expect_args(nargs, 5, "pop_all(counters, data, capacity, width, max_records)")) return nullptr;
     Ring ring;
     if (!parse_ring(args, &ring)) return nullptr;
     auto [counters, data, capacity, width] = ring;
@@ -165,10 +166,7 @@ PyObject* py_ring(PyObject*, PyObject* arg) {
 
 // wait(bell, seen, timeout_s) -> None
 PyObject* py_wait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "wait(bell, seen, timeout_s)");
-        return nullptr;
-    }
+    if (!expect_args(nargs, 3, "wait(bell, seen, timeout_s)")) return nullptr;
     auto* bell = as_ptr<Bell>(args[0]);
     const unsigned long seen = PyLong_AsUnsignedLongMask(args[1]);
     const double timeout_s = PyFloat_AsDouble(args[2]);
@@ -179,10 +177,7 @@ PyObject* py_wait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 // wait_any(bell, counters_addresses, timeout_s) -> bool: True if a ring had records on entry
 PyObject* py_wait_any(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "wait_any(bell, counters_addresses, timeout_s)");
-        return nullptr;
-    }
+    if (!expect_args(nargs, 3, "wait_any(bell, counters_addresses, timeout_s)")) return nullptr;
     auto* bell = as_ptr<Bell>(args[0]);
     const double timeout_s = PyFloat_AsDouble(args[2]);
     if (PyErr_Occurred()) return nullptr;

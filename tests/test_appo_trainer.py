@@ -30,3 +30,47 @@ def test_nonfinite_steps_are_skipped_counted_and_reset_by_a_good_one():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # weights untouched
     trainer.train(good)
     assert trainer.skipped_in_row == 0 and trainer.skipped_total == steps and trainer.policy_version == steps
+
+
+def _trainer_and_batch(overrides):
+    cfg = load_config(str(ROOT / "configs/cartpole.yaml"), overrides)
+    spec = resolve_env(cfg.env)
+    torch.manual_seed(0)
+    model = ActorCritic(spec, cfg.model)
+    return APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag), synthetic_batch(cfg, spec), cfg
+
+
+def test_sample_minibatches_take_the_same_step_as_trajectory_minibatches_over_one_whole_batch():
+    """With one minibatch of the whole batch the two units see the same samples and the same V-trace
+    targets (values from the same weights), so one optimizer step must land on the same weights."""
+    results = []
+    for unit in ("trajectories", "samples"):
+        trainer, batch, _ = _trainer_and_batch(["algo.num_epochs=1", "algo.num_minibatches=1",
+                                                f"algo.minibatch_unit={unit}"])
+        batch["log_probs"] = torch.randn(batch["log_probs"].shape) * 0.1 - 0.7  # off-policy: ratios != 1
+        batch["valid"][5, :3] = False
+        stats = trainer.train(batch)
+        results.append((stats, trainer.model.state_dict()))
+    (s_traj, w_traj), (s_samp, w_samp) = results
+    for key in ("policy_loss", "value_loss", "entropy", "approx_kl"):
+        assert abs(s_traj[key] - s_samp[key]) <= 1e-5 * max(1.0, abs(s_traj[key])), key
+    for name in w_traj:
+        assert torch.allclose(w_traj[name], w_samp[name], atol=2e-5), name
+
+
+def test_sample_minibatches_cover_every_sample_once_per_epoch_across_many_trajectories():
+    trainer, batch, cfg = _trainer_and_batch(["algo.num_epochs=2", "algo.num_minibatches=8",
+                                              "algo.minibatch_unit=samples"])
+    T, B = batch["rewards"].shape
+    # tag each sample with its (t, b) position through the behaviour log-prob, which is passed through as is
+    batch["log_probs"] = torch.arange(T * B, dtype=torch.float32).reshape(T, B)
+    batch = dict(batch, train_mask=batch["valid"].bool())
+    seen = []
+    for mb, _ in trainer._minibatches(batch):
+        assert mb["actions"].shape[0] == T * B // 8
+        seen.append(mb["log_probs"].long())
+    assert len(seen) == 2 * 8
+    for epoch in (seen[:8], seen[8:]):
+        assert torch.equal(torch.sort(torch.cat(epoch)).values, torch.arange(T * B))
+    trajectories_in_first = torch.unique(seen[0] % B).numel()
+    assert trajectories_in_first > B // 8  # a trajectory minibatch would hold exactly B // 8

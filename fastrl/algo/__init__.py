@@ -1,6 +1,4 @@
-"""The learning algorithm as pure tensor functions: V-trace targets and the APPO loss."""
-
-from fastrl.algo.appo_loss import LossOutput, appo_loss, masked_mean
-from fastrl.algo.vtrace import VTraceReturns, vtrace
-
-__all__ = ["LossOutput", "VTraceReturns", "appo_loss", "masked_mean", "vtrace"]
+"""The learning algorithm as pure tensor functions: V-trace targets, the APPO loss, the optimisation
+pass and reward scaling. Import the submodule you need (fastrl.algo.vtrace, ...): the package
+itself imports nothing, so that the numpy-only reward scaler does not pull torch into a rollout
+worker."""

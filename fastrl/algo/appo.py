@@ -2,6 +2,14 @@
 
 Knows nothing of processes or shared memory: it takes a time-major batch of tensors and a
 callback to publish weights after each optimizer step, so it can be tested in-process.
+
+Two ways to cut a batch into minibatches (algo.minibatch_unit):
+- trajectories: whole trajectories per minibatch, V-trace re-run on each with the network as it
+  is at that step (Sample Factory's APPO);
+- samples: V-trace once per batch from a no-grad forward over it, then minibatches of single
+  samples drawn across every trajectory (PPO's way). Samples of one trajectory are strongly
+  correlated, so for the same number of optimizer steps this gives less noisy gradients; on Pong
+  it turned 4 steps per batch that learned too slowly into 16 cheap ones that learn.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ class APPOTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def _minibatch_loss(self, mb: dict):
+    def _trajectory_minibatch_loss(self, mb: dict):
+        """Whole trajectories [T(+1), b]: V-trace with this minibatch's own (current) values."""
         cfg = self.cfg
         obs = mb["obs"]
         T1, B = obs.shape[:2]
@@ -46,6 +55,52 @@ class APPOTrainer:
                          targets.pg_advantages, mb["train_mask"], cfg.clip_ratio, cfg.value_coef,
                          cfg.entropy_coef, cfg.value_clip, cfg.normalize_advantages)
 
+    def _sample_minibatch_loss(self, mb: dict):
+        """Single samples [b] whose V-trace targets were computed for the whole batch."""
+        cfg = self.cfg
+        params, values = self.model(mb["obs"])
+        new_log_probs = self.model.log_prob(params, mb["actions"])
+        return appo_loss(new_log_probs, mb["log_probs"], self.model.entropy(params), values, mb["values"],
+                         mb["vs"], mb["pg_advantages"], mb["train_mask"], cfg.clip_ratio, cfg.value_coef,
+                         cfg.entropy_coef, cfg.value_clip, cfg.normalize_advantages)
+
+    @torch.no_grad()
+    def _flat_samples_with_targets(self, batch: dict) -> dict:
+        """V-trace over the whole batch under the current network, then every per-step tensor
+        flattened to [T*B, ...] so that minibatches can draw single samples."""
+        cfg = self.cfg
+        obs = batch["obs"]
+        T1, B = obs.shape[:2]
+        params, values = self.model(obs.reshape(T1 * B, *obs.shape[2:]))
+        params = params.reshape(T1, B, *params.shape[1:])[:-1]
+        log_ratios = self.model.log_prob(params, batch["actions"]) - batch["log_probs"]
+        targets = vtrace(log_ratios, batch["rewards"], values.reshape(T1, B), batch["terminated"],
+                         batch["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda)
+        per_step = {"obs": obs[:-1], "actions": batch["actions"], "log_probs": batch["log_probs"],
+                    "values": batch["values"], "train_mask": batch["train_mask"],
+                    "vs": targets.vs, "pg_advantages": targets.pg_advantages}
+        return {k: v.reshape(-1, *v.shape[2:]) for k, v in per_step.items()}
+
+    def _minibatches(self, batch: dict):
+        """Yield (minibatch, loss function) for every optimizer step of this batch."""
+        cfg = self.cfg
+        if cfg.minibatch_unit == "samples":
+            flat = self._flat_samples_with_targets(batch)
+            n, loss = flat["actions"].shape[0], self._sample_minibatch_loss
+
+            def take(idx):
+                return {k: v[idx] for k, v in flat.items()}
+        else:
+            n, loss = batch["rewards"].shape[1], self._trajectory_minibatch_loss
+
+            def take(idx):
+                return {k: v[:, idx] for k, v in batch.items()}
+        per_mb = n // cfg.num_minibatches
+        for _ in range(cfg.num_epochs):
+            order = torch.randperm(n)
+            for i in range(cfg.num_minibatches):
+                yield take(order[i * per_mb:(i + 1) * per_mb]), loss
+
     def train(self, batch: dict, publish: Callable[[], None] | None = None) -> dict:
         """Run num_epochs x num_minibatches steps over `batch` ([T(+1), B, ...] tensors)."""
         cfg = self.cfg
@@ -56,34 +111,28 @@ class APPOTrainer:
         if self.model.normalizer is not None:
             self.model.normalizer.update(batch["obs"][:-1][valid])
 
-        num_traj = batch["rewards"].shape[1]
-        per_mb = num_traj // cfg.num_minibatches
         sums: dict[str, float] = {}
         steps = 0
         skipped = 0
-        for _ in range(cfg.num_epochs):
-            order = torch.randperm(num_traj)
-            for i in range(cfg.num_minibatches):
-                cols = order[i * per_mb:(i + 1) * per_mb]
-                mb = {k: v[:, cols] for k, v in batch.items()}
-                out = self._minibatch_loss(mb)
-                self.optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                if not torch.isfinite(out.loss) or not torch.isfinite(grad_norm):
-                    skipped += 1  # a non-finite step would poison the weights; drop it
-                    self.skipped_total += 1
-                    self.skipped_in_row += 1
-                    continue
-                self.skipped_in_row = 0
-                self.optimizer.step()
-                self.policy_version += 1
-                if publish is not None:
-                    publish()
-                steps += 1
-                for name, value in out._asdict().items():
-                    sums[name] = sums.get(name, 0.0) + float(value.detach())
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
+        for mb, minibatch_loss in self._minibatches(batch):
+            out = minibatch_loss(mb)
+            self.optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            if not torch.isfinite(out.loss) or not torch.isfinite(grad_norm):
+                skipped += 1  # a non-finite step would poison the weights; drop it
+                self.skipped_total += 1
+                self.skipped_in_row += 1
+                continue
+            self.skipped_in_row = 0
+            self.optimizer.step()
+            self.policy_version += 1
+            if publish is not None:
+                publish()
+            steps += 1
+            for name, value in out._asdict().items():
+                sums[name] = sums.get(name, 0.0) + float(value.detach())
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         valid_lag = lag[valid]
         stats.update(

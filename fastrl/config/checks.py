@@ -54,6 +54,9 @@ def check_config(cfg: Config) -> list[str]:
     for key, value in {"algo.gamma": a.gamma, "algo.vtrace_lambda": a.vtrace_lambda}.items():
         if not 0.0 <= value <= 1.0:
             problems.append(f"{key} must be in [0, 1], got {value}")
+    if not 0 <= sysc.sampler_nice <= 19:
+        problems.append(f"system.sampler_nice must be in [0, 19] (a process may only lower its own priority), "
+                        f"got {sysc.sampler_nice}")
     for key, value in {"algo.value_coef": a.value_coef, "algo.entropy_coef": a.entropy_coef,
                        "sampler.num_inference_workers": s.num_inference_workers}.items():
         if value < 0:
@@ -83,9 +86,12 @@ def check_config(cfg: Config) -> list[str]:
                         f"(rollout_len {s.rollout_len} x {envs_per_split(cfg)} envs per split = {slot})")
     else:
         trajectories = a.batch_size // s.rollout_len
-        if trajectories % a.num_minibatches:
+        if a.minibatch_unit == "trajectories" and trajectories % a.num_minibatches:
             problems.append(f"algo.num_minibatches={a.num_minibatches} must divide the {trajectories} "
-                            f"trajectories of a batch")
+                            f"trajectories of a batch (algo.minibatch_unit=trajectories)")
+        if a.minibatch_unit == "samples" and a.batch_size % a.num_minibatches:
+            problems.append(f"algo.num_minibatches={a.num_minibatches} must divide algo.batch_size={a.batch_size} "
+                            f"(algo.minibatch_unit=samples)")
     if s.num_inference_workers > s.num_rollout_workers:
         problems.append(f"sampler.num_inference_workers={s.num_inference_workers} exceeds "
                         f"sampler.num_rollout_workers={s.num_rollout_workers}; the extra ones would idle")

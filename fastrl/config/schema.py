@@ -74,7 +74,12 @@ class AlgoConfig:
     max_grad_norm: float = opt(4.0, "Gradient norm clip.")
     batch_size: int = opt(1024, "Samples (env steps) per training batch.")
     num_epochs: int = opt(1, "Passes over each batch.")
-    num_minibatches: int = opt(1, "Minibatches per epoch (split by trajectories).")
+    num_minibatches: int = opt(1, "Minibatches per epoch.")
+    minibatch_unit: Literal["trajectories", "samples"] = opt(
+        "trajectories", "trajectories: each minibatch is whole trajectories and re-runs V-trace with the current "
+        "network (Sample Factory's APPO). samples: V-trace runs once per batch after a no-grad forward over it, "
+        "and minibatches are random single samples, less correlated than whole trajectories (PPO's way; "
+        "costs that one extra forward per batch).")
 
 
 @dataclass
@@ -82,6 +87,9 @@ class SystemConfig:
     device: Literal["cpu", "cuda"] = opt("cpu", "Device of the learner and the inference workers.")
     learner_threads: int = opt(1, "torch intra-op threads in the learner.")
     inference_threads: int = opt(1, "torch intra-op threads in each inference worker.")
+    sampler_nice: int = opt(
+        0, "Niceness added to rollout and inference workers (0-19): the learner keeps its core when it is the "
+        "bottleneck, while samplers still get all the CPU it leaves idle.")
     learner_discards_batches: bool = opt(
         False, "Benchmark mode: the learner frees every batch untrained, so a run measures sampling alone.")
     heartbeat_timeout_s: float = opt(

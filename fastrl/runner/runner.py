@@ -148,7 +148,10 @@ class Runner:
                 else:
                     self._handle_reports(channels, stats, 0.2)
                     self.failure = self.failure or self.supervisor.check()
+                had_samples = stats.first_sample_s is not None
                 stats.on_env_steps(base_env_steps + control.total_env_steps())
+                if not had_samples and stats.first_sample_s is not None:
+                    self.log.info("first trajectory slot full, %.1f s after spawning the workers", stats.first_sample_s)
                 self.stop_reason = self.stop_reason or finished_reason(cfg, stats)
                 if self.on_tick is not None:
                     self.on_tick(self, stats, control)

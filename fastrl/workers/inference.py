@@ -17,7 +17,7 @@ from collections import defaultdict
 
 from fastrl.ipc import wait_any
 from fastrl.workers.acting import PolicyActor
-from fastrl.workers.process import WorkerContext, heartbeat_index
+from fastrl.workers.process import WorkerContext, heartbeat_index, seconds_since_process_start
 
 POLL_S = 0.1
 
@@ -79,6 +79,7 @@ class InferenceWorker:
 
     def run(self) -> None:
         self.actor.wait_for_first_weights(self._idle)
+        self.log.info("ready to act, %.1f s after process start", seconds_since_process_start())
         while not self.ctx.control.stop_requested:
             self.pump(POLL_S)
 

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -35,6 +36,13 @@ class WorkerContext:
     checkpoint_dir: str
     base_env_steps: int = 0
     resume_checkpoint: str | None = None
+
+
+def seconds_since_process_start() -> float:
+    """Wall time since this process was created (startup diagnostics in the log)."""
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
 
 
 def heartbeat_index(cfg: Config, role: str, index: int) -> int:
@@ -91,14 +99,21 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
     signal.signal(signal.SIGTERM, lambda *_: ctx.control.request_stop())
     if os.getppid() == 1:  # the runner died before we got here
         return
-    import torch
-
     threads = {"learner": ctx.cfg.system.learner_threads, "inference": ctx.cfg.system.inference_threads}.get(role, 1)
-    torch.set_num_threads(threads)
-    torch.set_num_interop_threads(1)
+    if role != "rollout" or ctx.cfg.sampler.num_inference_workers == 0:
+        import torch  # a rollout worker with an inference process never needs it (~1 CPU-s to import)
+
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(1)
+    nice = ctx.cfg.system.sampler_nice if role != "learner" else 0
+    if nice:
+        # a learner-bound run wants the learner never preempted; samplers at a lower priority still
+        # get every cycle the learner leaves, and the learner leaves them all while it waits for data
+        os.nice(nice)
     log = setup_logging(ctx.log_path, name, echo=False)
     try:
-        log.info("started (pid %d, torch threads %d)", os.getpid(), threads)
+        log.info("started (pid %d, torch threads %d, nice %d, torch %s)", os.getpid(), threads, os.nice(0),
+                 "loaded" if "torch" in sys.modules else "not loaded")
         loop(ctx, index, log)
         log.info("stopped")
     except BaseException as e:  # noqa: BLE001 - report everything, including KeyboardInterrupt

@@ -23,8 +23,7 @@ from fastrl.buffers.control import NO_OWNER
 from fastrl.config.checks import envs_per_split
 from fastrl.envs import Step, make_split
 from fastrl.ipc import put_report, wait_any
-from fastrl.workers.acting import PolicyActor
-from fastrl.workers.process import WorkerContext, heartbeat_index
+from fastrl.workers.process import WorkerContext, heartbeat_index, seconds_since_process_start
 
 POLL_S = 0.1
 
@@ -47,8 +46,11 @@ class RolloutWorker:
         self.generation = int(self.control.rollout_generation.array[worker_index])
         ch = ctx.channels
         # no inference workers: this worker runs the policy itself (sampler.num_inference_workers=0)
-        self.actor = PolicyActor(ctx, seed=cfg.run.seed * 7919 + 104729 * (worker_index + 1)) \
-            if cfg.sampler.num_inference_workers == 0 else None
+        self.actor = None
+        if cfg.sampler.num_inference_workers == 0:
+            from fastrl.workers.acting import PolicyActor  # torch comes with it: only where needed
+
+            self.actor = PolicyActor(ctx, seed=cfg.run.seed * 7919 + 104729 * (worker_index + 1))
         self.requests = ch.requests[worker_index] if self.actor is None else None
         self.replies = ch.replies[worker_index] if self.actor is None else None
         self.free_ring, self.full_ring, self.bell = ch.free_slots[worker_index], ch.full_slots[worker_index], \
@@ -250,6 +252,8 @@ class RolloutWorker:
     def run(self) -> None:
         try:
             self.start()  # a stop can arrive while waiting for a first free slot: waits raise Stopped
+            self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start",
+                          self.num_splits, self.num_envs, seconds_since_process_start())
             while not self.control.stop_requested:
                 self.pump()
         except Stopped:

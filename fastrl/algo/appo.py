@@ -39,30 +39,33 @@ class APPOTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def _forward_time_major(self, obs):
+        """obs [T+1, B, ...] -> (policy params [T, B, ...] for the steps taken, values [T+1, B])."""
+        T1, B = obs.shape[:2]
+        params, values = self.model(obs.reshape(T1 * B, *obs.shape[2:]))
+        return params.reshape(T1, B, *params.shape[1:])[:-1], values.reshape(T1, B)
+
     def _trajectory_minibatch_loss(self, mb: dict):
         """Whole trajectories [T(+1), b]: V-trace with this minibatch's own (current) values."""
         cfg = self.cfg
-        obs = mb["obs"]
-        T1, B = obs.shape[:2]
-        params, values = self.model(obs.reshape(T1 * B, *obs.shape[2:]))
-        params = params.reshape(T1, B, *params.shape[1:])[:-1]
-        values = values.reshape(T1, B)
+        params, values = self._forward_time_major(mb["obs"])
         new_log_probs = self.model.log_prob(params, mb["actions"])
         entropy = self.model.entropy(params)
         targets = vtrace(new_log_probs.detach() - mb["log_probs"], mb["rewards"], values.detach(),
                          mb["terminated"], mb["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda)
-        return appo_loss(new_log_probs, mb["log_probs"], entropy, values[:-1], mb["values"], targets.vs,
-                         targets.pg_advantages, mb["train_mask"], cfg.clip_ratio, cfg.value_coef,
-                         cfg.entropy_coef, cfg.value_clip, cfg.normalize_advantages)
+        return self._loss(mb, new_log_probs, entropy, values[:-1], targets.vs, targets.pg_advantages)
 
     def _sample_minibatch_loss(self, mb: dict):
         """Single samples [b] whose V-trace targets were computed for the whole batch."""
-        cfg = self.cfg
         params, values = self.model(mb["obs"])
-        new_log_probs = self.model.log_prob(params, mb["actions"])
-        return appo_loss(new_log_probs, mb["log_probs"], self.model.entropy(params), values, mb["values"],
-                         mb["vs"], mb["pg_advantages"], mb["train_mask"], cfg.clip_ratio, cfg.value_coef,
-                         cfg.entropy_coef, cfg.value_clip, cfg.normalize_advantages)
+        return self._loss(mb, self.model.log_prob(params, mb["actions"]), self.model.entropy(params), values,
+                          mb["vs"], mb["pg_advantages"])
+
+    def _loss(self, mb: dict, new_log_probs, entropy, values, value_targets, advantages):
+        cfg = self.cfg
+        return appo_loss(new_log_probs, mb["log_probs"], entropy, values, mb["values"], value_targets, advantages,
+                         mb["train_mask"], cfg.clip_ratio, cfg.value_coef, cfg.entropy_coef, cfg.value_clip,
+                         cfg.normalize_advantages)
 
     @torch.no_grad()
     def _flat_samples_with_targets(self, batch: dict) -> dict:
@@ -70,11 +73,9 @@ class APPOTrainer:
         flattened to [T*B, ...] so that minibatches can draw single samples."""
         cfg = self.cfg
         obs = batch["obs"]
-        T1, B = obs.shape[:2]
-        params, values = self.model(obs.reshape(T1 * B, *obs.shape[2:]))
-        params = params.reshape(T1, B, *params.shape[1:])[:-1]
+        params, values = self._forward_time_major(obs)
         log_ratios = self.model.log_prob(params, batch["actions"]) - batch["log_probs"]
-        targets = vtrace(log_ratios, batch["rewards"], values.reshape(T1, B), batch["terminated"],
+        targets = vtrace(log_ratios, batch["rewards"], values, batch["terminated"],
                          batch["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda)
         per_step = {"obs": obs[:-1], "actions": batch["actions"], "log_probs": batch["log_probs"],
                     "values": batch["values"], "train_mask": batch["train_mask"],

@@ -23,7 +23,7 @@ import torch
 
 from fastrl.algo.appo import APPOTrainer
 from fastrl.bench.measure import Spread, TreeSampler, spread, window_rates
-from fastrl.config.checks import envs_per_split
+from fastrl.config.checks import envs_per_split, rollout_workers_act
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec, make_split
 from fastrl.workers.learner import build_learner_model
@@ -135,7 +135,7 @@ def bench_env(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) ->
 
 def inference_batch_size(cfg: Config) -> int:
     """What an inference worker typically gets: one pending split from each rollout worker it serves."""
-    if cfg.sampler.num_inference_workers == 0:
+    if rollout_workers_act(cfg):
         return envs_per_split(cfg)  # each rollout worker acts on one split at a time
     per_worker = -(-cfg.sampler.num_rollout_workers // cfg.sampler.num_inference_workers)
     return envs_per_split(cfg) * per_worker

@@ -18,6 +18,11 @@ def samples_per_slot(cfg: Config) -> int:
     return cfg.sampler.rollout_len * envs_per_split(cfg)
 
 
+def rollout_workers_act(cfg: Config) -> bool:
+    """No inference processes: each rollout worker runs the policy itself (and only then needs torch)."""
+    return cfg.sampler.num_inference_workers == 0
+
+
 def slots_per_batch(cfg: Config) -> int:
     return cfg.algo.batch_size // samples_per_slot(cfg)
 

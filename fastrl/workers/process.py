@@ -16,6 +16,7 @@ import traceback
 from dataclasses import dataclass
 
 from fastrl.buffers import SharedControl, SharedWeights, TrajBuffers
+from fastrl.config.checks import rollout_workers_act
 from fastrl.config.schema import Config
 from fastrl.envs.spec import EnvSpec
 from fastrl.ipc import Channels, put_report
@@ -100,7 +101,7 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
     if os.getppid() == 1:  # the runner died before we got here
         return
     threads = {"learner": ctx.cfg.system.learner_threads, "inference": ctx.cfg.system.inference_threads}.get(role, 1)
-    if role != "rollout" or ctx.cfg.sampler.num_inference_workers == 0:
+    if role != "rollout" or rollout_workers_act(ctx.cfg):
         import torch  # a rollout worker with an inference process never needs it (~1 CPU-s to import)
 
         torch.set_num_threads(threads)

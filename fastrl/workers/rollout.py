@@ -20,7 +20,7 @@ import numpy as np
 
 from fastrl.algo.reward_scaling import ReturnScaler
 from fastrl.buffers.control import NO_OWNER
-from fastrl.config.checks import envs_per_split
+from fastrl.config.checks import envs_per_split, rollout_workers_act
 from fastrl.envs import Step, make_split
 from fastrl.ipc import put_report, wait_any
 from fastrl.workers.process import WorkerContext, heartbeat_index, seconds_since_process_start
@@ -45,9 +45,8 @@ class RolloutWorker:
         self.control = ctx.control
         self.generation = int(self.control.rollout_generation.array[worker_index])
         ch = ctx.channels
-        # no inference workers: this worker runs the policy itself (sampler.num_inference_workers=0)
         self.actor = None
-        if cfg.sampler.num_inference_workers == 0:
+        if rollout_workers_act(cfg):
             from fastrl.workers.acting import PolicyActor  # torch comes with it: only where needed
 
             self.actor = PolicyActor(ctx, seed=cfg.run.seed * 7919 + 104729 * (worker_index + 1))

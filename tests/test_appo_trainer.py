@@ -5,9 +5,9 @@ from pathlib import Path
 
 import torch
 
-from fastrl.algo.appo import APPOTrainer
+from fastrl.algo.appo import APPOTrainer, scheduled_lr
 from fastrl.bench.components import synthetic_batch
-from fastrl.config import load_config
+from fastrl.config import check_config, load_config
 from fastrl.envs import resolve_env
 from fastrl.models import ActorCritic
 
@@ -74,3 +74,20 @@ def test_sample_minibatches_cover_every_sample_once_per_epoch_across_many_trajec
         assert torch.equal(torch.sort(torch.cat(epoch)).values, torch.arange(T * B))
     trajectories_in_first = torch.unique(seen[0] % B).numel()
     assert trajectories_in_first > B // 8  # a trajectory minibatch would hold exactly B // 8
+
+
+def test_scheduled_lr_is_constant_or_linear_to_zero_at_its_own_horizon():
+    algo = load_config(None, ["algo.lr=1e-3"]).algo
+    assert scheduled_lr(algo, 10**9, 100) == 1e-3
+    algo = load_config(None, ["algo.lr=1e-3", "algo.lr_schedule=linear"]).algo
+    assert [scheduled_lr(algo, s, 100) for s in (0, 25, 100, 150)] == [1e-3, 0.75e-3, 0.0, 0.0]
+    # a longer recipe's horizon: a run stopped at 4M still has 60% of the lr there
+    algo = load_config(None, ["algo.lr=1e-3", "algo.lr_schedule=linear", "algo.lr_decay_env_steps=10000000"]).algo
+    assert abs(scheduled_lr(algo, 4_000_000, 4_000_000) - 0.6e-3) < 1e-12
+
+
+def test_lr_decay_env_steps_without_a_linear_schedule_is_rejected():
+    problems = check_config(load_config(None, ["algo.lr_decay_env_steps=5"]))
+    assert any("lr_decay_env_steps=5 only applies to algo.lr_schedule=linear" in p for p in problems)
+    problems = check_config(load_config(None, ["algo.lr_schedule=linear", "algo.lr_decay_env_steps=0"]))
+    assert any("algo.lr_decay_env_steps must be >= 1" in p for p in problems)

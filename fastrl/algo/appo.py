@@ -27,6 +27,15 @@ LAG_HIST_BINS = 256  # policy lags >= this many versions share the last bin of t
 BATCH_KEYS = ("obs", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "valid", "policy_version")
 
 
+def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> float:
+    """The learning rate after env_steps: constant, or linear from algo.lr down to 0 at
+    algo.lr_decay_env_steps (by default the run's own length), and 0 beyond it."""
+    if algo.lr_schedule == "constant":
+        return algo.lr
+    horizon = algo.lr_decay_env_steps or train_for_env_steps
+    return algo.lr * max(0.0, 1.0 - env_steps / horizon)
+
+
 class APPOTrainer:
     def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int):
         self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag

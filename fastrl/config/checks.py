@@ -71,6 +71,12 @@ def check_config(cfg: Config) -> list[str]:
     if sysc.native_rings and fastrl_ext._rings is None:
         problems.append(f"system.native_rings=true but fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}): "
                         "reinstall with a C++ compiler (pip install -e .), or set system.native_rings=false")
+    if a.lr_decay_env_steps is not None:
+        if a.lr_schedule != "linear":
+            problems.append(f"algo.lr_decay_env_steps={a.lr_decay_env_steps} only applies to algo.lr_schedule=linear, "
+                            f"got {a.lr_schedule!r}: set lr_schedule=linear or lr_decay_env_steps=null")
+        elif a.lr_decay_env_steps < 1:
+            problems.append(f"algo.lr_decay_env_steps must be >= 1 or null, got {a.lr_decay_env_steps}")
     if a.value_clip is not None and a.value_clip <= 0:
         problems.append(f"algo.value_clip must be > 0 or null, got {a.value_clip}")
     if s.max_policy_lag < 0:

@@ -69,7 +69,11 @@ class AlgoConfig:
         "each rollout worker keeps its own statistics. Reported episode returns stay unscaled.")
     normalize_advantages: bool = opt(True, "Normalise advantages over the valid samples of a minibatch.")
     lr: float = opt(1e-4, "Adam learning rate.")
-    lr_schedule: Literal["constant", "linear"] = opt("constant", "linear decays lr to 0 at train_for_env_steps.")
+    lr_schedule: Literal["constant", "linear"] = opt(
+        "constant", "linear decays lr to 0 at lr_decay_env_steps (default: run.train_for_env_steps).")
+    lr_decay_env_steps: Optional[int] = opt(
+        None, "Env steps at which the linear schedule reaches 0 (null: run.train_for_env_steps). Lets a run that "
+        "stops early, or at a return, keep the lr of a longer recipe instead of annealing to 0 by its own end.")
     adam_eps: float = opt(1e-6, "Adam epsilon.")
     max_grad_norm: float = opt(4.0, "Gradient norm clip.")
     batch_size: int = opt(1024, "Samples (env steps) per training batch.")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastrl.algo.appo import BATCH_KEYS, APPOTrainer
+from fastrl.algo.appo import BATCH_KEYS, APPOTrainer, scheduled_lr
 from fastrl.config.checks import slots_per_batch
 from fastrl.ipc import put_report, wait_any
 from fastrl.models import ActorCritic
@@ -143,8 +143,7 @@ class Learner:
             stats = {"valid_samples": 0, "samples": 0, "dropped_for_lag": 0}
         else:
             batch = self._assemble()
-            if cfg.algo.lr_schedule == "linear":
-                self.trainer.set_lr(cfg.algo.lr * max(0.0, 1.0 - self.env_steps() / cfg.run.train_for_env_steps))
+            self.trainer.set_lr(scheduled_lr(cfg.algo, self.env_steps(), cfg.run.train_for_env_steps))
             stats = self.trainer.train(batch, publish=self._publish)
             self.train_steps += 1
         self.busy_s += time.perf_counter() - started

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 EXIT_CONFIG = 2
@@ -196,8 +197,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         return _one_line_error("--episodes must be >= 1")
     try:
+        started = time.monotonic()
+
+        def progress(finished: int, episode_return: float, length: int) -> None:
+            print(f"  episode {finished}/{args.episodes}: return {episode_return:.2f}, length {length:,} "
+                  f"({time.monotonic() - started:.0f} s)", flush=True)
+
         result = play(Path(args.run_dir), Path(args.checkpoint) if args.checkpoint else None, args.episodes,
-                      args.deterministic, args.seed, record=bool(args.video))
+                      args.deterministic, args.seed, record=bool(args.video), on_episode=progress)
         print(result.text())
         if args.video:
             print(f"wrote {write_video(result.frames, Path(args.video))}")

@@ -20,6 +20,7 @@ def test_eval_and_plot_a_short_run(tmp_path, capsys):
     assert main(["eval", str(run.run_dir), "--episodes", "4", "--deterministic"]) == 0
     out = capsys.readouterr().out
     assert "4 episodes of" in out and "return" in out
+    assert [f"episode {i}/4: return" in out for i in (1, 2, 3, 4)] == [True] * 4  # progress as each ends
     trained = re.search(r"trained ([\d,]+) env steps", out)  # the checkpoint's env steps are named
     assert trained and int(trained.group(1).replace(",", "")) >= 30000, out
     # a sampled policy, from an explicit checkpoint, is fine too

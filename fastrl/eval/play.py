@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -54,7 +55,10 @@ def load_policy(run_dir: Path, checkpoint: Path | None):
 
 
 def play(run_dir: Path, checkpoint: Path | None = None, episodes: int = 10, deterministic: bool = False,
-         seed: int = 12345, record: bool = False, max_steps: int = 1_000_000) -> EvalResult:
+         seed: int = 12345, record: bool = False, max_steps: int = 1_000_000,
+         on_episode: Optional[Callable[[int, float, int], None]] = None) -> EvalResult:
+    """on_episode(episodes finished so far, return, length) is called as each counted episode
+    ends: an Atari game lasts minutes of play, so a caller can show progress."""
     cfg, spec, model, ckpt, env_steps = load_policy(run_dir, checkpoint)
     torch.manual_seed(seed)
     env = make_split(cfg.env, spec, episodes, 1, seed)
@@ -80,6 +84,9 @@ def play(run_dir: Path, checkpoint: Path | None = None, episodes: int = 10, dete
             length += ~done
             finished = step.game_over & ~done
             returns[finished], lengths[finished] = score[finished], length[finished]
+            if on_episode is not None:
+                for k, i in enumerate(np.flatnonzero(finished), start=int(done.sum()) + 1):
+                    on_episode(k, float(score[i]), int(length[i]))
             done |= finished
             if done.all():
                 break

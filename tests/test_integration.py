@@ -116,4 +116,19 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     summary = run.summary()
     assert summary["env_steps"] >= 30000 and summary["train_steps"] > 0 and summary["episodes"] > 0
     assert summary["policy_version"] > 0 and summary["failure"] is None
+    # the user's wait counts the CLI's imports and setup too, not only the workers' startup
+    assert summary["first_sample_after_command_s"] > summary["time_to_first_sample_s"] > 0, summary
     assert_clean(run)
+
+
+def test_seconds_since_process_start_is_this_process_age():
+    """The runner's 'after the command started' figure: this process's age, to 10 ms from /proc
+    (psutil's create_time rounds the boot time to a second)."""
+    import time
+
+    import psutil
+
+    from fastrl.workers.process import seconds_since_process_start
+
+    age = seconds_since_process_start()
+    assert 0 < age and abs(age - (time.time() - psutil.Process().create_time())) < 1.1

@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 PATTERN = re.compile(r"^checkpoint_(\d{12})\.pt$")
 
@@ -21,6 +23,8 @@ def save_checkpoint(ckpt_dir: Path, state: dict, keep: int) -> Path:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(ckpt_dir, int(state["train_steps"]))
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    import torch  # here, not at the top: `fastrl train` reaches its first sample sooner without it
+
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
@@ -43,6 +47,8 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path) -> dict:
+    import torch
+
     return torch.load(path, map_location="cpu", weights_only=True)
 
 

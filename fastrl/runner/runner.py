@@ -8,25 +8,26 @@ unlinked. That runs on a normal end, on Ctrl-C / SIGTERM, and when a child fails
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from fastrl.buffers import SharedControl, SharedWeights, ShmAllocator, TrajBuffers, remove_stale_segments
-from fastrl.config.checks import envs_per_split, num_traj_buffers
+from fastrl.config.checks import envs_per_split, num_traj_buffers, rollout_workers_act
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
 from fastrl.ipc import Channels
-from fastrl.models import ActorCritic
 from fastrl.rundir import load_checkpoint, write_json
 from fastrl.runner.stats import RunStats
 from fastrl.runner.supervisor import Supervisor
-from fastrl.workers.process import WorkerContext, num_processes, setup_logging
+from fastrl.workers.process import WorkerContext, num_processes, seconds_since_process_start, setup_logging
+
+if TYPE_CHECKING:
+    from fastrl.models import ActorCritic
 
 
 class Runner:
@@ -65,6 +66,10 @@ class Runner:
         return {} if self.supervisor is None else self.supervisor.procs
 
     def _initial_model(self) -> tuple[ActorCritic, int, int]:
+        import torch  # ~1.2 CPU-s: by now rollout workers that do not act are already creating envs
+
+        from fastrl.models import ActorCritic
+
         torch.manual_seed(self.cfg.run.seed)
         model = ActorCritic(self.spec, self.cfg.model)
         version = env_steps = 0
@@ -92,12 +97,11 @@ class Runner:
         row = {k: v for k, v in msg.items() if isinstance(v, (int, float)) and k != "kind"}
         self._learner_log.write(json.dumps(row) + "\n")
 
-    def _setup(self) -> tuple[WorkerContext, int]:
-        """Publish the starting weights and allocate every shared buffer and queue."""
+    def _setup_buffers(self) -> WorkerContext:
+        """Allocate the trajectory slots, the control block and the rings: all a rollout worker that
+        does not act needs. The weights come later (they need torch), so such workers can start
+        creating envs, the longest part of startup (~90 ms of CPU per Atari env), meanwhile."""
         cfg = self.cfg
-        model, version, base_env_steps = self._initial_model()
-        weights = SharedWeights.allocate(self.alloc, model)
-        weights.publish(model, version)
         num_slots = num_traj_buffers(cfg)
         bufs = TrajBuffers.allocate(self.alloc, self.spec, num_slots, cfg.sampler.rollout_len, envs_per_split(cfg))
         control = SharedControl.allocate(self.alloc, num_processes(cfg), cfg.sampler.num_rollout_workers,
@@ -106,16 +110,23 @@ class Runner:
                                      num_slots, cfg.sampler.num_splits, num_processes(cfg), cfg.system.native_rings)
         for slot in range(num_slots):  # dealt round-robin; the learner rebalances as it frees them
             channels.free_slots[slot % cfg.sampler.num_rollout_workers].push(slot)
+        return WorkerContext(cfg, self.spec, bufs, control, None, channels, str(self.run_dir / "train.log"),
+                             str(self.run_dir / "checkpoints"), 0,
+                             None if self.resume_checkpoint is None else str(self.resume_checkpoint))
+
+    def _setup_weights(self, ctx: WorkerContext) -> WorkerContext:
+        """Publish the starting weights: the complete context, for the learner and any actor."""
+        cfg = self.cfg
+        model, version, base_env_steps = self._initial_model()
+        weights = SharedWeights.allocate(self.alloc, model)
+        weights.publish(model, version)
         mode = "serial debug mode, one process" if cfg.system.serial else \
             f"{cfg.sampler.num_inference_workers} inference worker(s)"
         self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "
                  f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} splits, {mode}, "
-                 f"{num_slots} trajectory slots ({self.alloc.total_bytes / 2**20:.1f} MiB shared), "
+                 f"{ctx.bufs.num_slots} trajectory slots ({self.alloc.total_bytes / 2**20:.1f} MiB shared), "
                  f"run dir {self.run_dir}")
-        ctx = WorkerContext(cfg, self.spec, bufs, control, weights, channels, str(self.run_dir / "train.log"),
-                            str(self.run_dir / "checkpoints"), base_env_steps,
-                            None if self.resume_checkpoint is None else str(self.resume_checkpoint))
-        return ctx, base_env_steps
+        return dataclasses.replace(ctx, weights=weights, base_env_steps=base_env_steps)
 
     def run(self) -> int:
         cfg = self.cfg
@@ -123,23 +134,32 @@ class Runner:
         if removed:
             self.log.info("removed %d shared-memory segments left by dead runs", len(removed))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        from tensorboardX import SummaryWriter
-
-        writer = SummaryWriter(str(self.run_dir))
         self._learner_log = open(self.run_dir / "learner.jsonl", "a", buffering=1)
         self._metrics_log = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
-        serial = None
+        serial = writer = None
         try:
-            ctx, base_env_steps = self._setup()
-            control, channels = ctx.control, ctx.channels
-            stats = RunStats(self.spec.frames_per_env_step, base_env_steps)
+            ctx = self._setup_buffers()
+            spawned_at = time.monotonic()
+            early = not cfg.system.serial and not rollout_workers_act(cfg)
+            if early:  # they need no weights: let them create envs while this process loads torch
+                self.supervisor = Supervisor(cfg, ctx, self.log, self.say)
+                self.supervisor.start_rollouts()
+            ctx = self._setup_weights(ctx)
+            base_env_steps, control, channels = ctx.base_env_steps, ctx.control, ctx.channels
+            from tensorboardX import SummaryWriter  # imports torch when it is installed
+
+            writer = SummaryWriter(str(self.run_dir))
+            stats = RunStats(self.spec.frames_per_env_step, base_env_steps, start_time=spawned_at)
             if cfg.system.serial:
                 from fastrl.runner.serial import SerialDriver
 
                 serial = SerialDriver(ctx, self.log)
             else:
-                self.supervisor = Supervisor(cfg, ctx, self.log, self.say)
-                self.supervisor.start_all()
+                if not early:
+                    self.supervisor = Supervisor(cfg, ctx, self.log, self.say)
+                self.supervisor.start_learner_and_inference(ctx)
+                if not early:
+                    self.supervisor.start_rollouts()
             last_report = time.monotonic()
             while self.stop_reason is None and self.failure is None:
                 if serial is not None:
@@ -151,7 +171,9 @@ class Runner:
                 had_samples = stats.first_sample_s is not None
                 stats.on_env_steps(base_env_steps + control.total_env_steps())
                 if not had_samples and stats.first_sample_s is not None:
-                    self.log.info("first trajectory slot full, %.1f s after spawning the workers", stats.first_sample_s)
+                    stats.first_sample_after_command_s = seconds_since_process_start()
+                    self.log.info("first trajectory slot full, %.1f s after the command started (%.1f s after "
+                                  "spawning the workers)", stats.first_sample_after_command_s, stats.first_sample_s)
                 self.stop_reason = self.stop_reason or finished_reason(cfg, stats)
                 if self.on_tick is not None:
                     self.on_tick(self, stats, control)
@@ -177,7 +199,8 @@ class Runner:
         finally:
             if self.supervisor is not None:
                 self.supervisor.kill_all()
-            writer.close()
+            if writer is not None:
+                writer.close()
             self._learner_log.close()
             self._metrics_log.close()
             self.alloc.unlink_all()

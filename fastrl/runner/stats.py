@@ -13,9 +13,10 @@ EPISODE_WINDOW = 100
 
 
 class RunStats:
-    def __init__(self, frames_per_env_step: int, start_env_steps: int):
+    def __init__(self, frames_per_env_step: int, start_env_steps: int, start_time: float | None = None):
+        """`start_time` (time.monotonic) is when the first workers were spawned; default now."""
         self.frames_per_env_step = frames_per_env_step
-        self.start_time = time.monotonic()
+        self.start_time = time.monotonic() if start_time is None else start_time
         self.start_env_steps = start_env_steps
         self.env_steps = start_env_steps
         self.scores: deque = deque(maxlen=EPISODE_WINDOW)
@@ -26,7 +27,8 @@ class RunStats:
         self.lag_min, self.lag_max, self.lag_sum, self.lag_batches = float("inf"), 0.0, 0.0, 0
         self.lag_hist = np.zeros(0, dtype=np.int64)  # samples trained per policy lag (versions behind)
         self.dropped_for_lag = 0
-        self.first_sample_s: float | None = None
+        self.first_sample_s: float | None = None  # after spawning the workers
+        self.first_sample_after_command_s: float | None = None  # set by the runner: includes imports, setup
 
     # --- inputs
     def on_report(self, msg: dict) -> None:
@@ -140,6 +142,8 @@ class RunStats:
             "policy_version": self.learner.get("policy_version", 0), "train_steps": self.learner.get("train_steps", 0),
             "nonfinite_steps_skipped": self.learner.get("nonfinite_steps_skipped", 0),
             "time_to_first_sample_s": None if self.first_sample_s is None else round(self.first_sample_s, 2),
+            "first_sample_after_command_s": None if self.first_sample_after_command_s is None
+            else round(self.first_sample_after_command_s, 2),
         }
 
 

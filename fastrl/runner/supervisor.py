@@ -17,6 +17,7 @@ learner death, stops the run.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing as mp
 import signal
@@ -27,15 +28,20 @@ from typing import Callable
 
 from fastrl.buffers.control import INFERENCE_EPOCH, RECLAIM_EPOCH
 from fastrl.config.schema import Config
-from fastrl.workers.inference import inference_loop
-from fastrl.workers.learner import learner_loop
 from fastrl.workers.process import WorkerContext, child_main, heartbeat_index, process_name
-from fastrl.workers.rollout import rollout_loop
 
 LEARNER_JOIN_S = 60.0  # the learner may be mid-batch and then writes the final checkpoint
 WORKER_JOIN_S = 10.0
 RECLAIM_WAIT_S = 5.0
-LOOPS = {"learner": learner_loop, "inference": inference_loop, "rollout": rollout_loop}
+# imported when a role is first spawned: the learner's and inference worker's modules load torch
+# (~1.2 CPU-s), which the runner should not pay before its rollout workers are creating envs
+LOOPS = {"learner": "fastrl.workers.learner:learner_loop", "inference": "fastrl.workers.inference:inference_loop",
+         "rollout": "fastrl.workers.rollout:rollout_loop"}
+
+
+def loop_of(role: str):
+    module, name = LOOPS[role].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass
@@ -77,19 +83,22 @@ class Supervisor:
         name = process_name(role, index)
         hb = heartbeat_index(self.cfg, role, index)
         self.control.heartbeats.array[hb] = 0.0
-        p = self._spawn_ctx.Process(target=child_main, args=(role, index, self.ctx, LOOPS[role]), name=name,
+        p = self._spawn_ctx.Process(target=child_main, args=(role, index, self.ctx, loop_of(role)), name=name,
                                     daemon=True)
         p.start()
         old = self.children.get(name)
         self.children[name] = Child(role, index, p, time.time(), hb, old.restarts if old else deque())
 
-    def start_all(self) -> None:
-        s = self.cfg.sampler
-        self._start("learner", 0)
-        for i in range(s.num_inference_workers):
-            self._start("inference", i)
-        for i in range(s.num_rollout_workers):
+    def start_rollouts(self) -> None:
+        for i in range(self.cfg.sampler.num_rollout_workers):
             self._start("rollout", i)
+
+    def start_learner_and_inference(self, ctx: WorkerContext) -> None:
+        """`ctx` is the complete context, weights included; replacements of any worker get it too."""
+        self.ctx = ctx
+        self._start("learner", 0)
+        for i in range(self.cfg.sampler.num_inference_workers):
+            self._start("inference", i)
 
     def note_error(self, name: str, traceback_text: str) -> None:
         if name in self.children:

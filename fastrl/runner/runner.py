@@ -24,7 +24,7 @@ from fastrl.ipc import Channels
 from fastrl.rundir import load_checkpoint, write_json
 from fastrl.runner.stats import RunStats
 from fastrl.runner.supervisor import Supervisor
-from fastrl.workers.process import WorkerContext, num_processes, seconds_since_process_start, setup_logging
+from fastrl.workers.process import WorkerContext, num_processes, setup_logging
 
 if TYPE_CHECKING:
     from fastrl.models import ActorCritic
@@ -140,9 +140,10 @@ class Runner:
         try:
             ctx = self._setup_buffers()
             spawned_at = time.monotonic()
-            early = not cfg.system.serial and not rollout_workers_act(cfg)
-            if early:  # they need no weights: let them create envs while this process loads torch
+            if not cfg.system.serial:
                 self.supervisor = Supervisor(cfg, ctx, self.log, self.say)
+            early = self.supervisor is not None and not rollout_workers_act(cfg)
+            if early:  # they need no weights: let them create envs while this process loads torch
                 self.supervisor.start_rollouts()
             ctx = self._setup_weights(ctx)
             base_env_steps, control, channels = ctx.base_env_steps, ctx.control, ctx.channels
@@ -155,8 +156,6 @@ class Runner:
 
                 serial = SerialDriver(ctx, self.log)
             else:
-                if not early:
-                    self.supervisor = Supervisor(cfg, ctx, self.log, self.say)
                 self.supervisor.start_learner_and_inference(ctx)
                 if not early:
                     self.supervisor.start_rollouts()
@@ -171,7 +170,6 @@ class Runner:
                 had_samples = stats.first_sample_s is not None
                 stats.on_env_steps(base_env_steps + control.total_env_steps())
                 if not had_samples and stats.first_sample_s is not None:
-                    stats.first_sample_after_command_s = seconds_since_process_start()
                     self.log.info("first trajectory slot full, %.1f s after the command started (%.1f s after "
                                   "spawning the workers)", stats.first_sample_after_command_s, stats.first_sample_s)
                 self.stop_reason = self.stop_reason or finished_reason(cfg, stats)

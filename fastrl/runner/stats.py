@@ -9,6 +9,8 @@ from collections import deque
 
 import numpy as np
 
+from fastrl.workers.process import seconds_since_process_start
+
 EPISODE_WINDOW = 100
 
 
@@ -28,7 +30,7 @@ class RunStats:
         self.lag_hist = np.zeros(0, dtype=np.int64)  # samples trained per policy lag (versions behind)
         self.dropped_for_lag = 0
         self.first_sample_s: float | None = None  # after spawning the workers
-        self.first_sample_after_command_s: float | None = None  # set by the runner: includes imports, setup
+        self.first_sample_after_command_s: float | None = None  # includes the CLI's imports and setup
 
     # --- inputs
     def on_report(self, msg: dict) -> None:
@@ -56,6 +58,7 @@ class RunStats:
         now = time.monotonic()
         if self.first_sample_s is None and env_steps > self.start_env_steps:
             self.first_sample_s = now - self.start_time
+            self.first_sample_after_command_s = seconds_since_process_start()
         self.env_steps = env_steps
         self.rate_points.append((now, env_steps))
         while self.rate_points and now - self.rate_points[0][0] > 61.0:

@@ -109,3 +109,13 @@ def test_the_trainers_adam_takes_the_textbook_adam_step():
         assert torch.allclose(w, w_ref, atol=1e-6, rtol=1e-5), name
         moved = max(moved, float((w_ref - w0).abs().max()))
     assert moved > 1e-4  # the steps did move the weights
+
+
+def test_a_stop_request_ends_the_pass_between_optimizer_steps():
+    trainer, batch, cfg = _trainer_and_batch(["algo.num_epochs=2", "algo.num_minibatches=4"])
+    published = []
+    stats = trainer.train(batch, publish=lambda: published.append(trainer.policy_version),
+                          should_stop=lambda: len(published) >= 3)
+    assert stats["sgd_steps"] == 3 and trainer.policy_version == 3 and published == [1, 2, 3]
+    stats = trainer.train(batch, should_stop=lambda: False)
+    assert stats["sgd_steps"] == cfg.algo.num_epochs * cfg.algo.num_minibatches == 8

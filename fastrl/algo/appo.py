@@ -122,8 +122,11 @@ class APPOTrainer:
             for i in range(cfg.num_minibatches):
                 yield take(order[i * per_mb:(i + 1) * per_mb]), loss
 
-    def train(self, batch: dict, publish: Callable[[], None] | None = None) -> dict:
-        """Run num_epochs x num_minibatches steps over `batch` ([T(+1), B, ...] tensors)."""
+    def train(self, batch: dict, publish: Callable[[], None] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> dict:
+        """Run num_epochs x num_minibatches steps over `batch` ([T(+1), B, ...] tensors), or fewer
+        once `should_stop()` turns true: on a slow machine one batch can take a minute, and a
+        stop that waited for it could run past the supervisor's patience and lose the final checkpoint."""
         cfg = self.cfg
         lag = self.policy_version - batch["policy_version"]
         valid = batch["valid"].bool()
@@ -136,6 +139,8 @@ class APPOTrainer:
         steps = 0
         skipped = 0
         for mb, minibatch_loss in self._minibatches(batch):
+            if should_stop is not None and should_stop():
+                break
             out = minibatch_loss(mb)
             self.optimizer.zero_grad(set_to_none=True)
             out.loss.backward()

@@ -144,7 +144,8 @@ class Learner:
         else:
             batch = self._assemble()
             self.trainer.set_lr(scheduled_lr(cfg.algo, self.env_steps(), cfg.run.train_for_env_steps))
-            stats = self.trainer.train(batch, publish=self._publish)
+            stats = self.trainer.train(batch, publish=self._publish,
+                                       should_stop=lambda: self.ctx.control.stop_requested)
             self.train_steps += 1
         self.busy_s += time.perf_counter() - started
         stats.update(kind="learner", policy_version=self.trainer.policy_version, train_steps=self.train_steps,

@@ -95,7 +95,12 @@ def _load(config_path: str | None, overrides: list[str], saved: dict | None = No
         problems.append(str(e))
     if problems:
         return _config_error(problems)
-    return cfg, spec
+    from fastrl.config.hardware import precision_warning, resolve_auto
+
+    warning = precision_warning(cfg)
+    if warning:
+        print(f"fastrl: warning: {warning}", file=sys.stderr)
+    return resolve_auto(cfg), spec
 
 
 def cmd_train(args: argparse.Namespace) -> int:

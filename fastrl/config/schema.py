@@ -49,9 +49,11 @@ class ModelConfig:
     shared_encoder: bool = opt(False, "One encoder for actor and critic; False gives each its own.")
     normalize_obs: bool = opt(False, "Running mean/std observation normalisation (updated by the learner).")
     init_log_std: float = opt(0.0, "Initial log standard deviation of the Gaussian policy (continuous actions).")
-    precision: Literal["fp32", "bf16"] = opt(
+    precision: Literal["auto", "fp32", "bf16"] = opt(
         "fp32", "Compute precision of the network's layers (inference and learner): bf16 runs convs and matmuls "
-        "under torch autocast; weights, optimizer state, losses and V-trace stay fp32.")
+        "under torch autocast; weights, optimizer state, losses and V-trace stay fp32. auto = bf16 where the "
+        "device multiplies in bf16 natively (CPU flags avx512_bf16/amx_bf16, or a CUDA GPU with bf16), else "
+        "fp32: emulated bf16 is ~12x slower than fp32 on an AVX2 CPU. The run's config.json records the choice.")
 
 
 @dataclass

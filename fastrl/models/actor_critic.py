@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from fastrl.config.hardware import resolve_precision
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models.normalizer import ObsNormalizer
@@ -79,7 +80,9 @@ class ActorCritic(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((spec.num_actions,), float(cfg.init_log_std)))
         self._flatten = not spec.is_image
-        self.bf16 = cfg.precision == "bf16"
+        # "auto" is normally resolved with the config (fastrl.config.hardware); a model built
+        # straight from a ModelConfig resolves it for the CPU
+        self.bf16 = resolve_precision(cfg.precision, "cpu") == "bf16"
         for encoder in (self.actor_encoder, self.critic_encoder):
             if isinstance(encoder, NatureCNN) and self.bf16:
                 encoder.input_dtype = torch.bfloat16

@@ -124,6 +124,7 @@ class Runner:
             f"{cfg.sampler.num_inference_workers} inference worker(s)"
         self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "
                  f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} splits, {mode}, "
+                 f"{cfg.model.precision} network, {cfg.system.learner_threads} learner thread(s), "
                  f"{ctx.bufs.num_slots} trajectory slots ({self.alloc.total_bytes / 2**20:.1f} MiB shared), "
                  f"run dir {self.run_dir}")
         return dataclasses.replace(ctx, weights=weights, base_env_steps=base_env_steps)

@@ -1,0 +1,43 @@
+"""model.precision=auto: bf16 only where the CPU multiplies in bf16, and the choice is what the
+run records; an explicit bf16 on a CPU that emulates it is warned about, not silently slow."""
+
+from pathlib import Path
+
+from fastrl.config import load_config
+from fastrl.config.hardware import cpu_flags, precision_warning, resolve_auto, resolve_precision
+
+ROOT = Path(__file__).resolve().parents[1]
+AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma"}
+ZEN4 = AVX2 | {"avx512f", "avx512_bf16"}
+SAPPHIRE_RAPIDS = AVX2 | {"avx512f", "amx_tile", "amx_bf16"}
+
+
+def test_auto_picks_bf16_only_where_the_cpu_has_it():
+    assert resolve_precision("auto", "cpu", AVX2) == "fp32"
+    assert resolve_precision("auto", "cpu", ZEN4) == "bf16"
+    assert resolve_precision("auto", "cpu", SAPPHIRE_RAPIDS) == "bf16"
+    assert resolve_precision("fp32", "cpu", ZEN4) == "fp32"  # an explicit choice stays
+    assert resolve_precision("bf16", "cpu", AVX2) == "bf16"
+
+
+def test_the_atari_presets_resolve_per_machine_and_keep_everything_else():
+    for preset in ("atari_pong.yaml", "atari_breakout.yaml"):
+        cfg = load_config(str(ROOT / "configs" / preset))
+        assert cfg.model.precision == "auto"
+        on_avx2, on_zen4 = resolve_auto(cfg, AVX2), resolve_auto(cfg, ZEN4)
+        assert on_avx2.model.precision == "fp32" and on_zen4.model.precision == "bf16"
+        assert on_avx2.algo == cfg.algo and on_avx2.model.encoder == cfg.model.encoder
+
+
+def test_explicit_bf16_without_native_support_is_warned_about():
+    bf16 = load_config(None, ["model.precision=bf16"])
+    assert "12x slower" in precision_warning(bf16, AVX2)
+    assert precision_warning(bf16, ZEN4) is None
+    assert precision_warning(load_config(None, ["model.precision=auto"]), AVX2) is None
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\n")
+    assert cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "missing") is None

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from fastrl.cli import main
+from fastrl.eval import play
 from fastrl.eval.video import VideoError, write_video
 from helpers import ROOT, RunProcess
 
 
 @pytest.mark.integration
-def test_eval_and_plot_a_short_run(tmp_path, capsys):
+def test_eval_and_plot_a_short_run(tmp_path, capsys, monkeypatch):
     run = RunProcess("--config", str(ROOT / "configs/cartpole.yaml"), "--set", "run.train_for_env_steps=30000",
                      "--set", "run.stop_at_mean_return=null", "--set", "run.report_interval_s=0.5",
                      runs_dir=tmp_path)
@@ -26,6 +27,12 @@ def test_eval_and_plot_a_short_run(tmp_path, capsys):
     # a sampled policy, from an explicit checkpoint, is fine too
     ckpt = sorted((run.run_dir / "checkpoints").glob("checkpoint_*.pt"))[0]
     assert main(["eval", str(run.run_dir), "--episodes", "2", "--checkpoint", str(ckpt)]) == 0
+    # a run trained in bf16 plays in fp32 on a CPU that would only emulate bf16
+    config = json.loads((run.run_dir / "config.json").read_text())
+    (run.run_dir / "config.json").write_text(json.dumps(dict(config, model=dict(config["model"], precision="bf16"))))
+    for native, plays_bf16 in ((False, False), (True, True)):
+        monkeypatch.setattr(play, "native_bf16", lambda device, native=native: native)
+        assert play.load_policy(run.run_dir, None)[2].bf16 is plays_bf16
     # CartPole's observations are not pictures: a clear one-line refusal
     assert main(["eval", str(run.run_dir), "--episodes", "1", "--video", str(tmp_path / "x.gif")]) == 2
     assert "not images" in capsys.readouterr().err

@@ -1,9 +1,10 @@
 """What this machine can do, for the settings that say `auto`.
 
-bf16 only pays where the hardware multiplies in bf16: on a CPU with AVX-512 BF16 or AMX the Nature
-CNN trains ~2.3x faster than in fp32, but on an AVX2-only CPU oneDNN emulates it and the same
-training step is ~12x slower (895 vs 11,330 us per sample, 1 thread, batch 64, AMD EPYC with
-AVX2). A preset that hard-wired bf16 would crawl on such a machine, hence `model.precision: auto`.
+bf16 only pays where the hardware multiplies in bf16: on an EPYC with AVX-512 BF16 the Nature CNN
+trains ~1.6x faster than in fp32, but on an AVX2-only EPYC torch emulates it and the same training
+step is ~12x slower (980 vs 11,472 us per sample, 1 thread, batch 64;
+bench/precision_microbench.py). A preset that hard-wired bf16 crawls on such a machine, hence
+`model.precision: auto`.
 
 Reads /proc/cpuinfo rather than asking torch, so that resolving a config does not import torch
 (the rollout workers are spawned before the runner loads it).

@@ -11,7 +11,6 @@ emulated bf16 is an order of magnitude slower; with AVX-512 BF16 or AMX it wins.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import time
 
@@ -19,7 +18,7 @@ import torch
 
 from fastrl.algo.appo import make_adam
 from fastrl.config import load_config
-from fastrl.config.hardware import BF16_CPU_FLAGS, cpu_flags, resolve_precision
+from fastrl.config.hardware import BF16_CPU_FLAGS, cpu_flags, resolve_precision, with_precision
 from fastrl.envs import resolve_env
 from fastrl.workers.learner import build_learner_model
 
@@ -32,7 +31,7 @@ def observations(spec, batch: int) -> torch.Tensor:
 
 def time_precision(cfg, spec, precision: str, batch: int, repeats: int) -> tuple[float, float]:
     """(training µs per sample, inference µs per sample), medians over `repeats` calls."""
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
+    cfg = with_precision(cfg, precision)
     torch.manual_seed(0)
     model = build_learner_model(spec, cfg)
     adam = make_adam(model.parameters(), 1e-4, 1e-5)

@@ -53,11 +53,15 @@ def resolve_precision(precision: str, device: str, flags: set[str] | None = None
     return "bf16" if native_bf16(device, flags) else "fp32"
 
 
+def with_precision(cfg: Config, precision: str) -> Config:
+    """A copy of cfg whose network runs in `precision`."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
+
+
 def resolve_auto(cfg: Config, flags: set[str] | None = None) -> Config:
     """The config with every hardware-dependent `auto` replaced by what this machine runs, so that
     the saved config.json records what actually ran."""
-    precision = resolve_precision(cfg.model.precision, cfg.system.device, flags)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
+    return with_precision(cfg, resolve_precision(cfg.model.precision, cfg.system.device, flags))
 
 
 def precision_warning(cfg: Config, flags: set[str] | None = None) -> str | None:

@@ -7,7 +7,6 @@ the whole game's unclipped score, whatever episodic_life / reward_clip training 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from fastrl.config.hardware import native_bf16
+from fastrl.config.hardware import native_bf16, with_precision
 from fastrl.config.loader import config_from_dict
 from fastrl.envs import make_split, resolve_env
 from fastrl.models import ActorCritic
@@ -50,7 +49,7 @@ def load_policy(run_dir: Path, checkpoint: Path | None):
     if cfg.model.precision == "bf16" and not native_bf16("cpu"):
         # trained where bf16 is native, played where it is emulated (~8x slower per forward): the
         # weights are fp32 either way, so play in fp32
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision="fp32"))
+        cfg = with_precision(cfg, "fp32")
     ckpt = checkpoint or latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
         raise EvalError(f"no checkpoint in {run_dir / 'checkpoints'}")

@@ -128,7 +128,11 @@ def test_kill_9_of_the_whole_run_then_resume(tmp_path):
     first.track_children()
     first.proc.kill()
     first.proc.wait(10)
-    time.sleep(3)
+    # Children notice a dead parent within a second or two; on a loaded CI box give them longer
+    # rather than assert on a fixed sleep.
+    deadline = time.monotonic() + 30
+    while first.leftover_children() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert first.leftover_children() == [], "children outlived a kill -9 of the runner"
     assert first.leftover_segments(), "expected the killed run's segments to still be there"
     newest = sorted(ckpts.glob("checkpoint_*.pt"))[-1]

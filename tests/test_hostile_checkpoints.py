@@ -91,21 +91,28 @@ def test_not_a_checkpoint_and_misused_flag(capsys, run_dir, tmp_path):
     assert_refused(code, capsys.readouterr().err, "--checkpoint is for --resume")
 
 
-def _save_forever(directory: str) -> None:
+def _save_forever(directory: str, first_saved) -> None:
     state = {"model": {"w": torch.randn(1_000_000)}, "optimizer": {}, "policy_version": 0, "env_steps": 0}
     step = 0
     while True:
         step += 1
         save_checkpoint(Path(directory), dict(state, train_steps=step), keep=2)
+        first_saved.set()
 
 
 def test_a_save_killed_at_any_moment_leaves_only_complete_checkpoints(tmp_path):
+    # The kill is timed from the child's first complete save, not from its start: a spawned child
+    # spends seconds importing torch on a loaded box, and a fixed sleep then killed it before it
+    # had saved anything (CI, stop 12). Each save takes ~10-50 ms, so a random delay of up to
+    # 0.4 s lands anywhere inside one of several saves, including mid-write and mid-rename.
     ctx = mp.get_context("spawn")
     rng = random.Random(0)
     for _ in range(8):
-        p = ctx.Process(target=_save_forever, args=(str(tmp_path),))
+        first_saved = ctx.Event()
+        p = ctx.Process(target=_save_forever, args=(str(tmp_path), first_saved))
         p.start()
-        time.sleep(1.5 + rng.random())
+        assert first_saved.wait(120), "the saving child never completed a first checkpoint"
+        time.sleep(rng.random() * 0.4)
         os.kill(p.pid, signal.SIGKILL)
         p.join(5)
         finals = sorted(tmp_path.glob("checkpoint_*.pt"))

@@ -89,6 +89,19 @@ def test_summarize_computes_bound_efficiency_and_table():
     assert result["bottleneck"].startswith("learner-bound")
     table = format_table(result)
     assert "frames/s" in table and "3,600" in table and "p50/p95/max 3/9/14" in table
+    assert "1 thread" not in table
+
+
+def test_two_thread_learner_prints_both_per_core_rates():
+    result = {"config": "x.yaml", "env_id": "Pong-v5", "cores": 2, "frames_per_env_step": 4,
+              "counts": {"epochs": 2}, "stages": {
+                  "learn": {"samples_per_s": {"median": 1114.0, "min": 1, "max": 1, "windows": 3},
+                            "samples_per_core_s": 800.0, "batch_size": 1024, "epochs": 2, "torch_threads": 2,
+                            "samples_per_core_s_at_configured_threads": 575.0,
+                            "samples_per_core_s_1_thread": 800.0}}}
+    summarize(result)
+    line = next(x for x in format_table(result).splitlines() if "1 thread" in x)
+    assert "2 threads / 1 thread" in line and "575 / 800" in line
 
 
 def test_knob_moves_stay_in_range():

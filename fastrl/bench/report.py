@@ -4,6 +4,8 @@ bottleneck in words, the printed table and the JSON document.
 The bound (design.md §6), with per-core rates (per CPU second) of the isolated stages:
     bound_env_steps_per_s = C / (1/env + 1/infer + epochs/learn)
 where `learn` counts samples of one pass over a batch. The sampling bound drops the learner term.
+A multi-threaded learner's `learn` rate is the better of its configured threads and one thread
+(components.bench_learn says why).
 """
 
 from __future__ import annotations
@@ -92,6 +94,10 @@ def format_table(result: dict) -> str:
         key = f"{unit}_per_s" if unit else "env_steps_per_s"
         per_core = f"{st[f'{unit}_per_core_s']:,.0f}" if unit else ""
         lines.append(f"{name:<7} {what:<38} {_spread_text(st[key]):<47} {per_core}")
+        if "samples_per_core_s_1_thread" in st:
+            lines.append(f"{'':<7} {'  per core: ' + str(st['torch_threads']) + ' threads / 1 thread':<38} "
+                         f"{st['samples_per_core_s_at_configured_threads']:>10,.0f} / "
+                         f"{st['samples_per_core_s_1_thread']:,.0f} (the bound uses the better)")
         if fpe > 1 and name in ("env", "sample", "train"):
             lines.append(f"{'':<7} {'  frames/s (x' + str(fpe) + ' frames per env step)':<38} "
                          f"{st[key]['median'] * fpe:>10,.0f}")

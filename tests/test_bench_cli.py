@@ -75,15 +75,12 @@ def test_tune_writes_overlay_table_and_chart(tmp_path):
 
 
 def test_learn_stage_with_two_threads_also_measures_one_for_the_bound():
-    import dataclasses
-
     import torch
 
     from fastrl.bench.components import bench_learn
     from fastrl.envs import resolve_env
 
-    cfg = load_config(CARTPOLE)
-    cfg = dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, learner_threads=2))
+    cfg = load_config(CARTPOLE, ["system.learner_threads=2"])
     result = bench_learn(cfg, resolve_env(cfg.env), 1.0, lambda fraction, text: None).as_dict("samples")
     assert torch.get_num_threads() == 2  # the configured threads are back for whatever runs next
     two, one = result["samples_per_core_s_at_configured_threads"], result["samples_per_core_s_1_thread"]

@@ -5,7 +5,8 @@
 
 `--before` overrides make the "before" variant; "after" is the preset as shipped (plus any
 `--after` overrides). Each round runs `fastrl bench` on before, then after; the table shows the
-median over rounds of each stage's median rate, and after/before.
+median over rounds of each stage's rate (sample and train: over the whole measurement), and
+after/before.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from fastrl.bench.measure import headline_rate
 
 RATE_KEYS = {"env": "env_steps_per_s", "infer": "samples_per_s", "learn": "samples_per_s",
              "sample": "env_steps_per_s", "train": "env_steps_per_s"}
@@ -36,7 +39,7 @@ def run_bench(config: str, overrides: list, seconds: int, stages: list) -> dict:
 
 
 def summary_row(doc: dict) -> dict:
-    row = {name: st[RATE_KEYS[name]]["median"] for name, st in doc["stages"].items() if name in RATE_KEYS}
+    row = {name: headline_rate(st[RATE_KEYS[name]]) for name, st in doc["stages"].items() if name in RATE_KEYS}
     train = doc["stages"].get("train", {})
     bound, eff = doc.get("bound", {}), doc.get("efficiency", {})
     row.update({"train_bound": bound.get("train_env_steps_per_s"), "train_efficiency": eff.get("train"),

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from fastrl.bench.measure import spread, window_rates
+from fastrl.bench.measure import headline_rate, overall_rate, spread, window_rates
 from fastrl.bench.report import bottleneck, format_table, machine_bound, summarize
 from fastrl.bench.tune import Knob, Trial
 from fastrl.runner.stats import hist_quantile
@@ -15,13 +15,39 @@ from fastrl.runner.stats import hist_quantile
 def test_window_rates_of_a_steady_counter():
     points = [(t * 0.25, 1000.0 * t * 0.25) for t in range(41)]  # 10 s at 1000/s
     rates = window_rates(points, 2.0)
-    assert len(rates) == 5 and all(math.isclose(r, 1000.0) for r in rates)
+    assert len(rates) == 4 and all(math.isclose(r, 1000.0) for r in rates)  # from the first change at 0.25 s
 
 
 def test_window_rates_never_divide_by_zero_and_skip_short_tails():
-    points = [(0.0, 0.0), (0.0, 5.0), (1.5, 15.0), (3.1, 31.0)]
-    assert window_rates(points, 3.0) == [31.0 / 3.1]
+    points = [(0.0, 0.0), (0.0, 5.0), (1.5, 15.0), (3.1, 31.0), (3.5, 33.0)]
+    assert window_rates(points, 3.0) == [26.0 / 3.1]  # opens at the first change; the 0.4 s tail is dropped
     assert window_rates([], 1.0) == [] and window_rates([(0.0, 1.0)], 1.0) == []
+    assert window_rates([(0.0, 7.0), (1.0, 7.0), (5.0, 7.0)], 1.0) == []  # a counter that never moved
+
+
+def test_window_rates_of_a_counter_that_jumps_a_batch_at_a_time():
+    # the train stage: 1,024 env steps land at once every 2.1 s, the probe samples every 0.1 s
+    points = [(k * 0.1, 1024.0 * int(k * 0.1 / 2.1)) for k in range(1, 301)]
+    rates = window_rates(points, 2.0)
+    assert len(rates) >= 10
+    assert spread(rates).median == pytest.approx(1024 / 2.1, rel=0.06)
+    assert min(rates) > 0  # no window falls between two batches
+
+
+def test_overall_rate_spans_first_to_last_change_of_a_bursty_counter():
+    # bursts of two 512-step slots every 4 s, as a learner-bound train stage frees them
+    points = [(0.0, 0.0)]
+    for k in range(1, 201):
+        t = k * 0.1
+        points.append((t, 1024.0 * int(t / 4.0) + 512.0 * (t % 4.0 >= 0.3) * (t >= 4.0)))
+    edges = [p for prev, p in zip(points, points[1:]) if p[1] != prev[1]]
+    expected = (edges[-1][1] - edges[0][1]) / (edges[-1][0] - edges[0][0])
+    assert overall_rate(points) == pytest.approx(expected)
+    assert overall_rate(points) == pytest.approx(256.0, rel=0.1)
+    assert overall_rate([(0.0, 5.0), (1.0, 5.0)]) is None
+    # the headline is the overall rate where a stage has one, the windows' median otherwise
+    assert headline_rate(spread([1.0, 3.0], overall=2.5).as_dict()) == 2.5
+    assert headline_rate(spread([1.0, 3.0]).as_dict()) == 2.0
 
 
 def test_spread_is_median_and_range():

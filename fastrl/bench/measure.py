@@ -16,15 +16,19 @@ import psutil
 
 @dataclass
 class Spread:
-    """A rate measured over several windows."""
+    """A rate measured over several windows; `overall`, where set, over the whole measurement."""
     median: float
     min: float
     max: float
     windows: int
+    overall: float | None = None
 
     def as_dict(self) -> dict:
-        return {"median": round(self.median, 1), "min": round(self.min, 1), "max": round(self.max, 1),
-                "windows": self.windows}
+        out = {"median": round(self.median, 1), "min": round(self.min, 1), "max": round(self.max, 1),
+               "windows": self.windows}
+        if self.overall is not None:
+            out["overall"] = round(self.overall, 1)
+        return out
 
     def text(self, unit: str = "") -> str:
         if self.windows == 0:
@@ -32,27 +36,54 @@ class Spread:
         return f"{self.median:,.0f}{unit} ({self.min:,.0f}-{self.max:,.0f}, {self.windows} windows)"
 
 
+def _change_points(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The samples at which a cumulative counter has just moved."""
+    return [p for prev, p in zip(points, points[1:]) if p[1] != prev[1]]
+
+
 def window_rates(points: list[tuple[float, float]], window_s: float) -> list[float]:
     """Rates of a cumulative counter over consecutive windows of about `window_s` seconds.
 
-    `points` are (time_s, count) samples in time order. A window closes at the first sample at
-    least `window_s` after it opened, so irregular sampling never yields a zero-length window.
+    `points` are (time_s, count) samples in time order. Windows open and close only at samples
+    where the count has just changed: the train stage's counter jumps a whole batch at a time
+    (1,024 env steps every ~2 s on Pong), and a window cut at an arbitrary moment would hold 0, 1
+    or 2 of those jumps, which made 2 s windows read 0, 500 or 1,000 for a run going at 480. A
+    steady counter changes at every sample, so there this is the plain windowing. A window
+    closes at the first such sample at least `window_s` after it opened, so none has zero length.
     """
+    edges = _change_points(points)
     rates = []
-    if not points:
+    if not edges:
         return rates
-    t0, c0 = points[0]
-    for t, c in points[1:]:
+    t0, c0 = edges[0]
+    for t, c in edges[1:]:
         if t - t0 >= window_s:
             rates.append((c - c0) / (t - t0))
             t0, c0 = t, c
     return rates
 
 
-def spread(values: list[float]) -> Spread:
+def overall_rate(points: list[tuple[float, float]]) -> float | None:
+    """A cumulative counter's rate from its first change to its last (None: fewer than two).
+
+    The system stages' headline: their counters move in bursts (a batch's worth of slots freed at
+    once, every few seconds), so any window shorter than the run holds a variable number of bursts.
+    """
+    edges = _change_points(points)
+    if len(edges) < 2 or edges[-1][0] <= edges[0][0]:
+        return None
+    return (edges[-1][1] - edges[0][1]) / (edges[-1][0] - edges[0][0])
+
+
+def headline_rate(rates: dict) -> float:
+    """The one figure to quote from a Spread's dict: the whole-measurement rate where there is one."""
+    return rates["overall"] if rates.get("overall") is not None else rates["median"]
+
+
+def spread(values: list[float], overall: float | None = None) -> Spread:
     if not values:
-        return Spread(0.0, 0.0, 0.0, 0)
-    return Spread(statistics.median(values), min(values), max(values), len(values))
+        return Spread(0.0, 0.0, 0.0, 0, overall)
+    return Spread(statistics.median(values), min(values), max(values), len(values), overall)
 
 
 @dataclass

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
+from fastrl.bench.measure import headline_rate
+
 SCHEMA_VERSION = 1
 STAGES = ("env", "infer", "learn", "sample", "train")
 
@@ -60,7 +62,7 @@ def summarize(result: dict) -> None:
     eff = {}
     for stage, key in (("train", "train_env_steps_per_s"), ("sample", "sample_env_steps_per_s")):
         if stage in stages and key in bound:
-            eff[stage] = round(stages[stage]["env_steps_per_s"]["median"] / bound[key], 3)
+            eff[stage] = round(headline_rate(stages[stage]["env_steps_per_s"]) / bound[key], 3)
     result["efficiency"] = eff
     for stage in ("sample", "train"):
         if stage in stages:
@@ -72,13 +74,13 @@ def summarize(result: dict) -> None:
 def _spread_text(s: dict) -> str:
     if not s["windows"]:
         return "n/a"
-    return f"{s['median']:>10,.0f}   {s['min']:,.0f}-{s['max']:,.0f} ({s['windows']} windows)"
+    return f"{headline_rate(s):>10,.0f}   {s['min']:,.0f}-{s['max']:,.0f} ({s['windows']} windows)"
 
 
 def format_table(result: dict) -> str:
     stages, fpe = result["stages"], result["frames_per_env_step"]
     lines = [f"fastrl bench: {result['env_id']}, {result['cores']} cores, preset {result['config']}",
-             f"{'stage':<7} {'what':<38} {'median':>10}   {'spread (min-max, windows)':<34} per core"]
+             f"{'stage':<7} {'what':<38} {'rate':>10}   {'spread (min-max, windows)':<34} per core"]
     rows = {"env": ("env steps/s, random actions", "env_steps"), "infer": ("", "samples"),
             "learn": ("", "samples"), "sample": ("env steps/s, learner discards", None),
             "train": ("env steps/s, training", None)}
@@ -100,7 +102,10 @@ def format_table(result: dict) -> str:
                          f"{st['samples_per_core_s_1_thread']:,.0f} (the bound uses the better)")
         if fpe > 1 and name in ("env", "sample", "train"):
             lines.append(f"{'':<7} {'  frames/s (x' + str(fpe) + ' frames per env step)':<38} "
-                         f"{st[key]['median'] * fpe:>10,.0f}")
+                         f"{headline_rate(st[key]) * fpe:>10,.0f}")
+    if any(name in stages for name in ("sample", "train")):
+        lines.append("rate: median of the windows; sample and train: env steps over the whole measurement, "
+                     "as their counters move a batch at a time")
     bound, eff = result["bound"], result["efficiency"]
     if "train_env_steps_per_s" in bound:
         lines.append(f"machine bound (train): {bound['train_env_steps_per_s']:,.0f} env steps/s = "

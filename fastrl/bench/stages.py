@@ -8,7 +8,7 @@ import time
 import torch
 
 from fastrl.bench.components import bench_env, bench_infer, bench_learn
-from fastrl.bench.measure import available_cores
+from fastrl.bench.measure import available_cores, headline_rate
 from fastrl.bench.report import SCHEMA_VERSION, STAGES, Progress, summarize
 from fastrl.bench.system import bench_system
 from fastrl.config.checks import envs_per_split
@@ -51,7 +51,7 @@ def run_bench(cfg: Config, spec: EnvSpec, config_path: str | None, overrides: li
             text = f"{out['samples_per_s']['median']:,.0f} samples/s"
         else:
             out = bench_system(cfg, spec, seconds, progress, discard=(stage == "sample"))
-            text = f"{out['env_steps_per_s']['median']:,.0f} env steps/s"
+            text = f"{headline_rate(out['env_steps_per_s']):,.0f} env steps/s"
         out["stage_wall_s"] = round(time.monotonic() - started, 1)
         result["stages"][stage] = out
         progress.end(text)

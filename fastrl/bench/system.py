@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from fastrl.bench.measure import TreeSampler, spread, window_rates
+from fastrl.bench.measure import TreeSampler, overall_rate, spread, window_rates
 from fastrl.buffers import SharedControl
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
@@ -108,10 +108,12 @@ class SystemProbe:
         lag_hist[:self.start["lag_hist"].size] -= self.start["lag_hist"]
         window_s = max(1.0, self.seconds / 10)
         rates = window_rates(self.points, window_s)
+        overall = overall_rate(self.points)
         usage = self.sampler.usage()
         return {
-            "env_steps_per_s": spread(rates).as_dict(),
-            "frames_per_s": spread([r * frames_per_env_step for r in rates]).as_dict(),
+            "env_steps_per_s": spread(rates, overall).as_dict(),
+            "frames_per_s": spread([r * frames_per_env_step for r in rates],
+                                   None if overall is None else overall * frames_per_env_step).as_dict(),
             "learner_busy_fraction": round(min(1.0, max(0.0, 1 - learner_wait)), 4),
             "learner_wait_fraction": round(min(1.0, max(0.0, learner_wait)), 4),
             "rollout_idle_fraction": round(min(1.0, max(0.0, rollout_idle)), 4),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from fastrl.bench.measure import available_cores
+from fastrl.bench.measure import available_cores, headline_rate
 from fastrl.bench.report import Progress
 from fastrl.bench.system import bench_system
 from fastrl.config.checks import check_config
@@ -131,7 +131,7 @@ class Tuner:
         started = time.monotonic()
         out = bench_system(self._config(changes), self.spec, self.trial_s, self.progress, discard=False,
                            prune=None if best_rate is None else (lambda _e, rate: rate < PRUNE_BELOW * best_rate))
-        rate = out["env_steps_per_s"]["median"]
+        rate = headline_rate(out["env_steps_per_s"])
         self.progress.end(f"{rate:,.0f} env steps/s" + (" (pruned)" if out["pruned"] else ""))
         return Trial(dict(changes), [rate], out["pruned"], out["bottleneck"] if "bottleneck" in out else "",
                      time.monotonic() - started, phase)

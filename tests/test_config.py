@@ -54,7 +54,9 @@ def run_cli(capsys, *args, tmp_path):
     (["--set", "algo.batch_size=1000"], "must be a multiple of one trajectory slot"),
     (["--set", "sampler.num_rollout_workers=0"], "must be >= 1"),
     (["--set", "run.train_for_seconds=-5"], "run.train_for_seconds must be > 0"),
-    (["--set", "system.sampler_nice=-5"], "system.sampler_nice must be in [0, 19]"),
+    (["--set", "system.rollout_nice=-5"], "system.rollout_nice must be in [0, 19]"),
+    (["--set", "system.inference_nice=20"], "system.inference_nice must be in [0, 19]"),
+    (["--set", "system.sampler_nice=5"], "split into system.rollout_nice and system.inference_nice"),
     (["--set", "algo.minibatch_unit=samples", "--set", "algo.num_minibatches=3"], "must divide algo.batch_size"),
     (["--set", "algo.minibatch_unit=steps"], "algo.minibatch_unit"),
     (["--set", "env.id=CartPol-v1"], "close matches: CartPole-v1"),
@@ -91,3 +93,14 @@ def test_exit_code_of_the_real_command(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fastrl", "train", "--runs-dir", str(tmp_path), "--set", "algo.nope=1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown key 'algo.nope'" in proc.stderr
+
+
+def test_a_run_saved_before_sampler_nice_was_split_resumes_with_its_old_meaning():
+    saved = config_to_dict(load_config(ROOT / "configs/atari_pong.yaml"))
+    del saved["system"]["rollout_nice"], saved["system"]["inference_nice"]
+    saved["system"]["sampler_nice"] = 10  # what config.json held before the split
+    cfg = config_from_dict(saved)
+    assert (cfg.system.rollout_nice, cfg.system.inference_nice) == (10, 10)
+    assert "sampler_nice" in saved["system"]  # the caller's mapping is left as it was
+    with pytest.raises(ConfigError, match="split into system.rollout_nice"):
+        load_config(overrides=["system.sampler_nice=3"])

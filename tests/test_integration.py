@@ -92,7 +92,8 @@ def test_user_registered_gymnasium_env_runs(tmp_path):
 @pytest.mark.parametrize("variant, overrides", [
     ("in_rollout_acting", ["sampler.num_inference_workers=0"]),  # the CartPole preset's own setting
     ("python_rings", ["system.native_rings=false", "sampler.num_inference_workers=1"]),
-    ("sample_minibatches_nice_samplers", ["algo.minibatch_unit=samples", "system.sampler_nice=5"]),
+    ("sample_minibatches_nice_samplers", ["algo.minibatch_unit=samples", "sampler.num_inference_workers=1",
+                                          "system.rollout_nice=7", "system.inference_nice=3"]),
 ])
 def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     """Rollout workers that run the policy themselves (no inference process; the short run above
@@ -104,13 +105,15 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     assert run.wait(120) == 0, run.output
     log = (run.run_dir / "train.log").read_text()  # every child logs its start
     assert "fastrl-rollout-1 INFO started" in log and "fastrl-learner INFO started" in log
-    assert ("fastrl-inference-0 INFO started" in log) == (variant == "python_rings"), log
+    acting_here = "sampler.num_inference_workers=1" not in overrides
+    assert ("fastrl-inference-0 INFO started" in log) == (not acting_here), log
     # niceness is relative to what the test itself runs at
     started_nice = {name: int(n) for name, n in re.findall(r"(fastrl-\w+)(?:-0)? INFO started \(.*nice (\d+)", log)}
-    added = 5 if variant == "sample_minibatches_nice_samplers" else 0
-    assert started_nice["fastrl-rollout"] == min(19, started_nice["fastrl-learner"] + added), log
+    nice_variant = variant == "sample_minibatches_nice_samplers"
+    assert started_nice["fastrl-rollout"] == min(19, started_nice["fastrl-learner"] + (7 if nice_variant else 0)), log
+    if nice_variant:
+        assert started_nice["fastrl-inference"] == min(19, started_nice["fastrl-learner"] + 3), log
     # a rollout worker imports torch only to act itself (saves a CPU-second per worker at startup)
-    acting_here = variant != "python_rings"
     assert ("fastrl-rollout-0 INFO started" in log and
             re.search(r"fastrl-rollout-0 INFO started \(.*torch loaded\)", log) is not None) == acting_here, log
     summary = run.summary()

@@ -59,9 +59,10 @@ def check_config(cfg: Config) -> list[str]:
     for key, value in {"algo.gamma": a.gamma, "algo.vtrace_lambda": a.vtrace_lambda}.items():
         if not 0.0 <= value <= 1.0:
             problems.append(f"{key} must be in [0, 1], got {value}")
-    if not 0 <= sysc.sampler_nice <= 19:
-        problems.append(f"system.sampler_nice must be in [0, 19] (a process may only lower its own priority), "
-                        f"got {sysc.sampler_nice}")
+    for key in ("rollout_nice", "inference_nice"):
+        if not 0 <= getattr(sysc, key) <= 19:
+            problems.append(f"system.{key} must be in [0, 19] (a process may only lower its own priority), "
+                            f"got {getattr(sysc, key)}")
     for key, value in {"algo.value_coef": a.value_coef, "algo.entropy_coef": a.entropy_coef,
                        "sampler.num_inference_workers": s.num_inference_workers}.items():
         if value < 0:

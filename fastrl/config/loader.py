@@ -121,6 +121,25 @@ def apply_mapping(cfg: Config, data: Any, origin: str, problems: list[str]) -> N
             set_value(cfg, f"{section_name}.{key}", value, origin, problems)
 
 
+# keys that no longer exist: what replaced them, for the error a preset or --set gets
+RETIRED_KEYS = {
+    "system.sampler_nice": "it was split into system.rollout_nice and system.inference_nice "
+                           "(set both to the same value for its old meaning)",
+}
+
+
+def _migrate_saved(saved: dict) -> dict:
+    """A run saved before a key was retired resumes with that key's old meaning."""
+    system = saved.get("system")
+    if isinstance(system, dict) and "sampler_nice" in system:
+        system = dict(system)
+        nice = system.pop("sampler_nice")
+        system.setdefault("rollout_nice", nice)
+        system.setdefault("inference_nice", nice)
+        saved = {**saved, "system": system}
+    return saved
+
+
 def set_value(cfg: Config, dotted_key: str, value: Any, origin: str, problems: list[str]) -> None:
     section_name, _, key = dotted_key.partition(".")
     sections = _sections(cfg)
@@ -129,6 +148,9 @@ def set_value(cfg: Config, dotted_key: str, value: Any, origin: str, problems: l
         return
     section = sections[section_name]
     types = _field_types(section)
+    if dotted_key in RETIRED_KEYS:
+        problems.append(f"{origin}: '{dotted_key}' is no longer a setting: {RETIRED_KEYS[dotted_key]}")
+        return
     if key not in types:
         import difflib
 
@@ -158,7 +180,7 @@ def load_config(path: str | Path | list | None = None, overrides: list[str] = ()
     cfg = Config()
     problems: list[str] = []
     if saved is not None:
-        apply_mapping(cfg, saved, "saved config.json", problems)
+        apply_mapping(cfg, _migrate_saved(saved), "saved config.json", problems)
     paths = [] if path is None else list(path) if isinstance(path, (list, tuple)) else [path]
     for p in map(Path, paths):
         try:

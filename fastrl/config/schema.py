@@ -93,9 +93,12 @@ class SystemConfig:
     device: Literal["cpu", "cuda"] = opt("cpu", "Device of the learner and the inference workers.")
     learner_threads: int = opt(1, "torch intra-op threads in the learner.")
     inference_threads: int = opt(1, "torch intra-op threads in each inference worker.")
-    sampler_nice: int = opt(
-        0, "Niceness added to rollout and inference workers (0-19): the learner keeps its core when it is the "
-        "bottleneck, while samplers still get all the CPU it leaves idle.")
+    rollout_nice: int = opt(
+        0, "Niceness added to rollout workers (0-19): the learner keeps its core when it is the bottleneck, "
+        "while rollout workers still get all the CPU it leaves idle.")
+    inference_nice: int = opt(
+        0, "Niceness added to inference workers (0-19). Below rollout_nice, the one serial inference process "
+        "is not starved by the env threads it feeds; a learner-bound run then never waits for data.")
     learner_discards_batches: bool = opt(
         False, "Benchmark mode: the learner frees every batch untrained, so a run measures sampling alone.")
     heartbeat_timeout_s: float = opt(

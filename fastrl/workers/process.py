@@ -114,7 +114,7 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
 
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)
-    nice = ctx.cfg.system.sampler_nice if role != "learner" else 0
+    nice = {"rollout": ctx.cfg.system.rollout_nice, "inference": ctx.cfg.system.inference_nice}.get(role, 0)
     if nice:
         # a learner-bound run wants the learner never preempted; samplers at a lower priority still
         # get every cycle the learner leaves, and the learner leaves them all while it waits for data

@@ -92,6 +92,11 @@ class AlgoConfig:
 class SystemConfig:
     device: Literal["cpu", "cuda"] = opt("cpu", "Device of the learner and the inference workers.")
     learner_threads: int = opt(1, "torch intra-op threads in the learner.")
+    learner_omp_wait: Literal["inherit", "active", "passive"] = opt(
+        "inherit", "How the learner's OpenMP threads wait at a barrier (OMP_WAIT_POLICY, set before it loads "
+        "torch). active spins, fastest when nothing else wants the core; passive sleeps at once, so when a "
+        "sampler preempts one learner thread its partner yields the other core instead of spinning on it. "
+        "inherit leaves the environment's setting.")
     inference_threads: int = opt(1, "torch intra-op threads in each inference worker.")
     rollout_nice: int = opt(
         0, "Niceness added to rollout workers (0-19): the learner keeps its core when it is the bottleneck, "

@@ -28,7 +28,8 @@ from typing import Callable
 
 from fastrl.buffers.control import INFERENCE_EPOCH, RECLAIM_EPOCH
 from fastrl.config.schema import Config
-from fastrl.workers.process import WorkerContext, child_main, heartbeat_index, process_name
+from fastrl.workers.process import (WorkerContext, child_environment, child_env_overrides, child_main, heartbeat_index,
+                                   process_name)
 
 LEARNER_JOIN_S = 60.0  # the learner may be mid-batch and then writes the final checkpoint
 WORKER_JOIN_S = 10.0
@@ -85,7 +86,8 @@ class Supervisor:
         self.control.heartbeats.array[hb] = 0.0
         p = self._spawn_ctx.Process(target=child_main, args=(role, index, self.ctx, loop_of(role)), name=name,
                                     daemon=True)
-        p.start()
+        with child_environment(child_env_overrides(self.cfg, role)):
+            p.start()
         old = self.children.get(name)
         self.children[name] = Child(role, index, p, time.time(), hb, old.restarts if old else deque())
 

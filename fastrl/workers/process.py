@@ -6,6 +6,7 @@ rollout or inference worker, or stops the run if it was the learner).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -100,6 +101,40 @@ def name_process_and_die_with_parent(name: str) -> None:
         pass
 
 
+def child_env_overrides(cfg: Config, role: str) -> dict[str, str]:
+    """Environment a child must have from its first instruction: libgomp reads OMP_WAIT_POLICY once,
+    when torch loads it, and the learner's module loads torch while the spawned child unpickles its
+    target, before child_main runs."""
+    if role == "learner" and cfg.system.learner_omp_wait != "inherit":
+        return {"OMP_WAIT_POLICY": cfg.system.learner_omp_wait.upper()}
+    return {}
+
+
+@contextlib.contextmanager
+def child_environment(overrides: dict[str, str]):
+    """Set `overrides` in this process's environment while a child is spawned (it inherits them), then restore."""
+    saved = {key: os.environ.get(key) for key in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def environment_at_exec() -> dict[str, str]:
+    """This process's environment as it was exec'd (what libraries loaded at startup saw)."""
+    try:
+        raw = open("/proc/self/environ", "rb").read()
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
 def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
     """Entry point of every child: bootstrap, run `loop(ctx, index, log)`, report any crash."""
     name = process_name(role, index)
@@ -121,8 +156,9 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
         os.nice(nice)
     log = setup_logging(ctx.log_path, name, echo=False)
     try:
-        log.info("started (pid %d, torch threads %d, nice %d, torch %s)", os.getpid(), threads, os.nice(0),
-                 "loaded" if "torch" in sys.modules else "not loaded")
+        log.info("started (pid %d, torch threads %d, nice %d, torch %s, OMP_WAIT_POLICY at exec %s)", os.getpid(),
+                 threads, os.nice(0), "loaded" if "torch" in sys.modules else "not loaded",
+                 environment_at_exec().get("OMP_WAIT_POLICY", "unset"))
         loop(ctx, index, log)
         log.info("stopped")
     except BaseException as e:  # noqa: BLE001 - report everything, including KeyboardInterrupt

@@ -141,3 +141,17 @@ def test_trial_rate_is_median_of_its_measurements_and_batch_changes_are_flagged(
     t = Trial({"algo.batch_size": 2048, "sampler.num_splits": 4}, [10.0, 30.0, 20.0])
     assert t.rate == 20.0 and t.changes_algorithm and t.label == "batch_size=2048, num_splits=4"
     assert Trial({}, [1.0]).label == "preset" and not Trial({}, [1.0]).changes_algorithm
+
+
+def test_the_train_stage_counts_env_steps_trained_and_the_sample_stage_those_sampled():
+    from types import SimpleNamespace
+
+    from fastrl.bench.system import SystemProbe
+    from fastrl.config import load_config
+
+    # early in a run the samplers are still filling free slots: sampled runs ahead of trained
+    stats = SimpleNamespace(env_steps=9_000, learner={"train_steps": 3})
+    for discard, expected in ((False, 3 * 1024), (True, 9_000)):
+        cfg = load_config(overrides=["algo.batch_size=1024", f"system.learner_discards_batches={discard}"])
+        probe = SystemProbe(cfg, 1.0, 0.0, lambda *_: None, "stage")
+        assert probe._count(stats) == expected

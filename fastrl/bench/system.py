@@ -3,7 +3,10 @@ through the runner's tick callback.
 
 - sample: the learner frees every batch untrained (`system.learner_discards_batches`), so the
           figure is what rollout + inference can deliver.
-- train:  full training, exactly as `fastrl train` runs the preset.
+- train:  full training, exactly as `fastrl train` runs the preset. Its rate counts the env steps
+          the learner has trained on (batches x batch size), not those sampled: in the first minute
+          the samplers also fill every free trajectory slot, which a 20 s window after the first
+          sample counted as speed (Pong read 522 where the steady run went at ~410).
 
 After the first sample and a warm-up, counters are recorded for `seconds`: env steps (rates per
 window), each process's wait time (busy / idle fractions), inference batch sizes, the policy-lag
@@ -58,6 +61,12 @@ class SystemProbe:
                 "inference": control.inference_counts.array.copy(), "lag_hist": stats.lag_hist.copy(),
                 "dropped": stats.dropped_for_lag}
 
+    def _count(self, stats: RunStats) -> float:
+        """Env steps done: sampled for the sample stage, trained on for the train stage."""
+        if self.cfg.system.learner_discards_batches:
+            return float(stats.env_steps)
+        return float(stats.learner.get("train_steps", 0) * self.cfg.algo.batch_size)
+
     def __call__(self, runner: Runner, stats: RunStats, control: SharedControl) -> None:
         now = time.monotonic()
         if self.done:
@@ -78,7 +87,7 @@ class SystemProbe:
             self.start = self._snapshot(stats, control)
             self.sampler.start()
         elapsed = now - self.t0
-        self.points.append((elapsed, float(stats.env_steps)))
+        self.points.append((elapsed, self._count(stats)))
         if now - self.last_memory >= MEMORY_EVERY_S:
             self.sampler.sample_memory()
             self.last_memory = now

@@ -121,22 +121,24 @@ def apply_mapping(cfg: Config, data: Any, origin: str, problems: list[str]) -> N
             set_value(cfg, f"{section_name}.{key}", value, origin, problems)
 
 
-# keys that no longer exist: what replaced them, for the error a preset or --set gets
+# keys that no longer exist -> the keys that replaced them: a saved config.json carries the old
+# value over to each (resuming keeps its meaning); a preset or --set that names it is refused
 RETIRED_KEYS = {
-    "system.sampler_nice": "it was split into system.rollout_nice and system.inference_nice "
-                           "(set both to the same value for its old meaning)",
+    "system.sampler_nice": ("system.rollout_nice", "system.inference_nice"),
 }
 
 
 def _migrate_saved(saved: dict) -> dict:
     """A run saved before a key was retired resumes with that key's old meaning."""
-    system = saved.get("system")
-    if isinstance(system, dict) and "sampler_nice" in system:
-        system = dict(system)
-        nice = system.pop("sampler_nice")
-        system.setdefault("rollout_nice", nice)
-        system.setdefault("inference_nice", nice)
-        saved = {**saved, "system": system}
+    saved = {section: dict(values) if isinstance(values, dict) else values for section, values in saved.items()}
+    for old, replacements in RETIRED_KEYS.items():
+        section, _, key = old.partition(".")
+        values = saved.get(section)
+        if isinstance(values, dict) and key in values:
+            value = values.pop(key)
+            for new in replacements:
+                new_section, _, new_key = new.partition(".")
+                saved.setdefault(new_section, {}).setdefault(new_key, value)
     return saved
 
 
@@ -149,7 +151,8 @@ def set_value(cfg: Config, dotted_key: str, value: Any, origin: str, problems: l
     section = sections[section_name]
     types = _field_types(section)
     if dotted_key in RETIRED_KEYS:
-        problems.append(f"{origin}: '{dotted_key}' is no longer a setting: {RETIRED_KEYS[dotted_key]}")
+        problems.append(f"{origin}: '{dotted_key}' is no longer a setting: it was split into "
+                        f"{' and '.join(RETIRED_KEYS[dotted_key])} (set each to the old value for its old meaning)")
         return
     if key not in types:
         import difflib

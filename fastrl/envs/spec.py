@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastrl.config.schema import EnvConfig
+from fastrl.envs.envpool_loader import load_envpool
 
 
 class EnvError(Exception):
@@ -37,10 +38,10 @@ class EnvSpec:
         return len(self.obs_shape) == 3
 
 
-def envpool_ids() -> list[str]:
-    import envpool
-
-    return list(envpool.list_all_envs())
+def envpool_ids(env_id: str | None = None) -> list[str]:
+    """The ids envpool registers: at least those of `env_id`'s family, all of them when `env_id` is
+    None or unknown to envpool (see envpool_loader for why not always all)."""
+    return list(load_envpool(env_id).list_all_envs())
 
 
 def gymnasium_ids() -> list[str]:
@@ -67,7 +68,6 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
 
 def resolve_env(env_cfg: EnvConfig) -> EnvSpec:
     """Probe the env named by the config; raise EnvError with a helpful message if it can't be made."""
-    known_envpool = envpool_ids()
     registered_id = env_cfg.id
     if ":" in env_cfg.id:
         # gymnasium's "module:EnvId": importing the user's module registers the env (every
@@ -79,21 +79,21 @@ def resolve_env(env_cfg: EnvConfig) -> EnvSpec:
             raise EnvError(f"env id '{env_cfg.id}': cannot import module '{module}': {e}") from e
         if env_cfg.backend == "envpool":
             raise EnvError(f"env id '{env_cfg.id}' names a Python module; only the gymnasium backend can run it")
+    known_envpool = envpool_ids(None if ":" in env_cfg.id else env_cfg.id)
     known_gym = gymnasium_ids()
     backend = env_cfg.backend
     if backend == "auto":
         backend = "envpool" if env_cfg.id in known_envpool else "gymnasium"
     known = known_envpool if backend == "envpool" else known_gym
     if registered_id not in known:
-        close = difflib.get_close_matches(env_cfg.id, sorted(set(known_envpool) | set(known_gym)), n=5, cutoff=0.6)
+        every_id = set(envpool_ids()) | set(known_gym)
+        close = difflib.get_close_matches(env_cfg.id, sorted(every_id), n=5, cutoff=0.6)
         hint = f"; close matches: {', '.join(close)}" if close else ""
         where = "envpool" if env_cfg.backend == "envpool" else "envpool or gymnasium"
         raise EnvError(f"unknown env id '{env_cfg.id}' (not in {where}){hint}")
     try:
         if backend == "envpool":
-            import envpool
-
-            probe = envpool.make(env_cfg.id, env_type="gymnasium", num_envs=1, batch_size=1, num_threads=1,
+            probe = load_envpool(env_cfg.id).make(env_cfg.id, env_type="gymnasium", num_envs=1, batch_size=1, num_threads=1,
                                  **env_cfg.kwargs)
             # Only Atari's frameskip repeats rendered frames; MuJoCo's frame_skip is physics substeps.
             frames = int(probe.spec.config.frame_skip) if "Atari" in type(probe).__name__ else 1

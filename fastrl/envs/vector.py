@@ -30,10 +30,10 @@ class EnvpoolSplit:
     """An envpool instance in sync-batch mode: `send` returns at once, envs step in C++ threads."""
 
     def __init__(self, env_cfg: EnvConfig, spec: EnvSpec, num_envs: int, num_threads: int, seed: int):
-        import envpool
+        from fastrl.envs.envpool_loader import load_envpool
 
         self.num_envs = num_envs
-        self._env = envpool.make(spec.env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
+        self._env = load_envpool(spec.env_id).make(spec.env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
                                  num_threads=num_threads, seed=seed, **env_cfg.kwargs)
         self._ids = np.arange(num_envs, dtype=np.int32)
 

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from fastrl.algo.appo import make_adam
+from fastrl.algo.adam import Adam
 from fastrl.config import load_config
 from fastrl.config.hardware import BF16_CPU_FLAGS, cpu_flags, resolve_precision, with_precision
 from fastrl.envs import resolve_env
@@ -34,7 +34,7 @@ def time_precision(cfg, spec, precision: str, batch: int, repeats: int) -> tuple
     cfg = with_precision(cfg, precision)
     torch.manual_seed(0)
     model = build_learner_model(spec, cfg)
-    adam = make_adam(model.parameters(), 1e-4, 1e-5)
+    adam = Adam(model.parameters(), lr=1e-4, eps=1e-5)
     obs = observations(spec, batch)
     train_s, infer_s = [], []
     for _ in range(repeats + 1):  # the first call of each warms oneDNN's kernels up and is dropped

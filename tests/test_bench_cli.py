@@ -32,6 +32,7 @@ def test_bench_runs_every_stage_and_writes_json(tmp_path):
         assert {p["name"] for p in st["processes"]} >= {"fastrl-learner", "fastrl-rollout-0", "fastrl-rollout-1"}
         assert 0 <= st["learner_busy_fraction"] <= 1 and 0 <= st["rollout_idle_fraction"] <= 1
         assert st["peak_total_pss_mib"] > 0 and st["time_to_first_sample_s"] > 0
+        assert st["time_to_first_batch_s"] is not None and st["time_to_first_batch_s"] > 0
         assert st["bottleneck"]
     assert stages["train"]["policy_lag"]["p50"] is not None
     assert stages["sample"]["learner_trains"] is False

@@ -124,6 +124,9 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     assert summary["policy_version"] > 0 and summary["failure"] is None
     # the user's wait counts the CLI's imports and setup too, not only the workers' startup
     assert summary["first_sample_after_command_s"] > summary["time_to_first_sample_s"] > 0, summary
+    # (both are stamped when the runner's 0.2 s loop notices them, so within a tick in either order)
+    assert summary["first_train_after_command_s"] >= summary["first_sample_after_command_s"] - 0.3, summary
+    assert re.search(r"fastrl-runner INFO first batch trained, [0-9.]+ s after the command started", log), log
     assert_clean(run)
 
 

@@ -128,7 +128,10 @@ def format_table(result: dict) -> str:
                   f"{lag['p50']}/{lag['p95']}/{lag['max']}; dropped for lag {st['samples_dropped_for_lag']:,}",
                   f"  per process (CPU %, PSS): {procs}",
                   f"  peak total PSS {st['peak_total_pss_mib']:,.0f} MiB (summed RSS {st['peak_total_rss_mib']:,.0f} MiB); "
-                  f"first sample {st['time_to_first_sample_s']:.1f} s after launching the runner (imports not counted)"]
+                  f"first sample {st['time_to_first_sample_s']:.1f} s"
+                  + ("" if st.get("time_to_first_batch_s") is None else
+                     f", first batch {'freed' if name == 'sample' else 'trained'} {st['time_to_first_batch_s']:.1f} s")
+                  + " after launching the runner (imports not counted)"]
     if result.get("bottleneck"):
         lines.append(f"bottleneck: {result['bottleneck']}")
     return "\n".join(lines)

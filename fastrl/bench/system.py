@@ -50,6 +50,7 @@ class SystemProbe:
         self.pruned = False
         self.t_launch = time.monotonic()
         self.first_sample_s: float | None = None
+        self.first_train_s: float | None = None  # the learner's first batch (freed untrained in the sample stage)
         self.t0: float | None = None
         self.points: list[tuple[float, float]] = []
         self.sampler = TreeSampler()
@@ -71,6 +72,8 @@ class SystemProbe:
         now = time.monotonic()
         if self.done:
             return
+        if self.first_train_s is None and stats.first_train_after_command_s is not None:
+            self.first_train_s = now - self.t_launch
         if self.first_sample_s is None:
             if stats.env_steps > stats.start_env_steps:
                 self.first_sample_s = now - self.t_launch
@@ -137,6 +140,7 @@ class SystemProbe:
             "peak_total_rss_mib": round(self.sampler.peak_total_rss_bytes / 2**20, 1),
             "peak_total_pss_mib": round(self.sampler.peak_total_pss_bytes / 2**20, 1),
             "time_to_first_sample_s": round(self.first_sample_s, 2),
+            "time_to_first_batch_s": None if self.first_train_s is None else round(self.first_train_s, 2),
             "measured_s": round(span, 1), "pruned": self.pruned,
         }
 

@@ -162,6 +162,7 @@ class Runner:
                     self.supervisor.start_rollouts()
             last_report = time.monotonic()
             while self.stop_reason is None and self.failure is None:
+                had_trained = stats.first_train_after_command_s is not None  # reports below may change it
                 if serial is not None:
                     serial.advance()
                     self._handle_reports(channels, stats, 0.0)
@@ -173,6 +174,9 @@ class Runner:
                 if not had_samples and stats.first_sample_s is not None:
                     self.log.info("first trajectory slot full, %.1f s after the command started (%.1f s after "
                                   "spawning the workers)", stats.first_sample_after_command_s, stats.first_sample_s)
+                if not had_trained and stats.first_train_after_command_s is not None:
+                    self.log.info("first batch trained, %.1f s after the command started",
+                                  stats.first_train_after_command_s)
                 self.stop_reason = self.stop_reason or finished_reason(cfg, stats)
                 if self.on_tick is not None:
                     self.on_tick(self, stats, control)

@@ -31,6 +31,7 @@ class RunStats:
         self.dropped_for_lag = 0
         self.first_sample_s: float | None = None  # after spawning the workers
         self.first_sample_after_command_s: float | None = None  # includes the CLI's imports and setup
+        self.first_train_after_command_s: float | None = None  # the learner's first batch
 
     # --- inputs
     def on_report(self, msg: dict) -> None:
@@ -40,6 +41,8 @@ class RunStats:
             self.episodes += len(msg["scores"])
         elif msg["kind"] == "learner":
             self.learner = msg
+            if self.first_train_after_command_s is None:
+                self.first_train_after_command_s = seconds_since_process_start()
             if msg["valid_samples"]:
                 self.lag_min = min(self.lag_min, msg["lag_min"])
                 self.lag_max = max(self.lag_max, msg["lag_max"])
@@ -147,6 +150,8 @@ class RunStats:
             "time_to_first_sample_s": None if self.first_sample_s is None else round(self.first_sample_s, 2),
             "first_sample_after_command_s": None if self.first_sample_after_command_s is None
             else round(self.first_sample_after_command_s, 2),
+            "first_train_after_command_s": None if self.first_train_after_command_s is None
+            else round(self.first_train_after_command_s, 2),
         }
 
 

@@ -1,0 +1,111 @@
+"""Adam (Kingma & Ba, 2015), without torch.optim.
+
+torch.optim's Optimizer wraps its methods in torch._disable_dynamo, which imports torch._dynamo
+the first time one is called: 1.65 CPU-s on the 2-core box, paid by every learner at startup
+while the samplers create their envs on the same two cores. This is the same update through the
+same fused CPU kernel (`torch._fused_adam_`, what `torch.optim.Adam(fused=True)` runs; 3x quicker
+than the per-tensor loop for the Nature CNN), with the textbook per-tensor update where the
+kernel is missing. `state_dict()` has torch.optim.Adam's layout, so checkpoints written by either
+load in the other.
+
+No weight decay, no amsgrad: fastrl's recipes use neither.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _fused_kernel_works(device: torch.device) -> bool:
+    fused = getattr(torch, "_fused_adam_", None)
+    if fused is None:
+        return False
+    p = torch.zeros(1, device=device)
+    try:
+        fused([p], [torch.ones(1, device=device)], [torch.zeros(1, device=device)], [torch.zeros(1, device=device)],
+              [], [torch.ones((), device=device)], amsgrad=False, lr=0.1, beta1=0.9, beta2=0.999,
+              weight_decay=0.0, eps=1e-8, maximize=False, grad_scale=None, found_inf=None)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return bool(torch.isfinite(p).all()) and float(p) != 0.0
+
+
+class Adam:
+    def __init__(self, params, lr: float, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999)):
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("Adam got no parameters that require grad")
+        device = self.params[0].device
+        self.fused = _fused_kernel_works(device)
+        # one group, in torch.optim's layout: the learner sets group["lr"] for its schedule
+        self.param_groups = [{"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0, "amsgrad": False,
+                              "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
+                              "fused": self.fused or None, "decoupled_weight_decay": False, "params": self.params}]
+        self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+        self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+        # float32 scalar tensors, one per parameter, as torch keeps them (the fused kernel reads them)
+        self.steps = [torch.zeros((), dtype=torch.float32, device=device) for _ in self.params]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        group = self.param_groups[0]
+        lr, eps = float(group["lr"]), float(group["eps"])
+        beta1, beta2 = group["betas"]
+        live = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not live:
+            return
+        params = [self.params[i] for i in live]
+        grads = [self.params[i].grad for i in live]
+        exp_avgs = [self.exp_avgs[i] for i in live]
+        exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
+        steps = [self.steps[i] for i in live]
+        if self.fused:
+            torch._foreach_add_(steps, 1)
+            torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=beta1,
+                               beta2=beta2, weight_decay=0.0, eps=eps, maximize=False, grad_scale=None,
+                               found_inf=None)
+            return
+        for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+            step += 1
+            t = float(step)
+            m.lerp_(g, 1 - beta1)                       # m_t = b1 m + (1 - b1) g
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v_t = b2 v + (1 - b2) g^2
+            denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(eps)
+            p.addcdiv_(m, denom, value=-lr / (1 - beta1 ** t))
+
+    # --- checkpoints, in torch.optim.Adam's layout
+    def state_dict(self) -> dict:
+        state = {i: {"step": self.steps[i].clone(), "exp_avg": self.exp_avgs[i].clone(),
+                     "exp_avg_sq": self.exp_avg_sqs[i].clone()}
+                 for i in range(len(self.params)) if float(self.steps[i]) > 0}
+        group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        group["params"] = list(range(len(self.params)))
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        groups = state_dict["param_groups"]
+        if len(groups) != 1 or len(groups[0]["params"]) != len(self.params):
+            raise ValueError(f"optimizer state for {sum(len(g['params']) for g in groups)} parameters in "
+                             f"{len(groups)} group(s); this model has {len(self.params)} in 1")
+        for key in ("lr", "betas", "eps"):
+            self.param_groups[0][key] = groups[0][key]
+        ids = groups[0]["params"]
+        for i, saved_id in enumerate(ids):
+            saved = state_dict["state"].get(saved_id)
+            if saved is None:
+                continue
+            if saved["exp_avg"].shape != self.params[i].shape:
+                raise ValueError(f"optimizer state of parameter {i} has shape {tuple(saved['exp_avg'].shape)}, "
+                                 f"the model's is {tuple(self.params[i].shape)}")
+            self.exp_avgs[i].copy_(saved["exp_avg"])
+            self.exp_avg_sqs[i].copy_(saved["exp_avg_sq"])
+            self.steps[i].fill_(float(saved["step"]))

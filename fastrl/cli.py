@@ -93,6 +93,12 @@ def _load(config_path: str | None, overrides: list[str], saved: dict | None = No
         spec = resolve_env(cfg.env)
     except EnvError as e:
         problems.append(str(e))
+    if spec is not None and cfg.sampler.acting_backend == "numpy":
+        from fastrl.models.numpy_policy import unsupported_reason
+
+        reason = unsupported_reason(cfg, spec)
+        if reason:
+            problems.append(f"sampler.acting_backend=numpy: {reason} (use auto or torch)")
     if problems:
         return _config_error(problems)
     from fastrl.config.hardware import precision_warning, resolve_auto

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastrl.algo.adam import Adam
-from tests.helpers import ROOT
+from helpers import ROOT
 
 SHAPES = [(7, 5), (5,), (3, 2, 4)]
 

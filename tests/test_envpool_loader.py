@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import ROOT
+from helpers import ROOT
 
 
 def _run(code: str) -> dict:

@@ -90,7 +90,8 @@ def test_user_registered_gymnasium_env_runs(tmp_path):
 
 
 @pytest.mark.parametrize("variant, overrides", [
-    ("in_rollout_acting", ["sampler.num_inference_workers=0"]),  # the CartPole preset's own setting
+    ("in_rollout_acting", ["sampler.num_inference_workers=0"]),  # the CartPole preset's own setting (numpy)
+    ("in_rollout_acting_torch", ["sampler.num_inference_workers=0", "sampler.acting_backend=torch"]),
     ("python_rings", ["system.native_rings=false", "sampler.num_inference_workers=1"]),
     ("sample_minibatches_nice_samplers", ["algo.minibatch_unit=samples", "sampler.num_inference_workers=1",
                                           "system.rollout_nice=7", "system.inference_nice=3",
@@ -116,9 +117,12 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
         assert started_nice["fastrl-inference"] == min(19, started_nice["fastrl-learner"] + 3), log
         # set in the learner before it loads torch, whose libgomp reads it once
         assert re.search(r"fastrl-learner INFO started \(.*torch loaded, OMP_WAIT_POLICY at exec PASSIVE\)", log), log
-    # a rollout worker imports torch only to act itself (saves a CPU-second per worker at startup)
+    # a rollout worker imports torch only to act itself with torch (~2.5 CPU-s per worker at startup)
+    acting_in_torch = acting_here and "sampler.acting_backend=torch" in overrides
     assert ("fastrl-rollout-0 INFO started" in log and
-            re.search(r"fastrl-rollout-0 INFO started \(.*torch loaded,", log) is not None) == acting_here, log
+            re.search(r"fastrl-rollout-0 INFO started \(.*torch loaded,", log) is not None) == acting_in_torch, log
+    if acting_here:
+        assert f"rollout workers act in {'torch' if acting_in_torch else 'numpy'}" in run.output
     summary = run.summary()
     assert summary["env_steps"] >= 30000 and summary["train_steps"] > 0 and summary["episodes"] > 0
     assert summary["policy_version"] > 0 and summary["failure"] is None

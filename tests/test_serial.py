@@ -21,8 +21,10 @@ def _losses(tmp_path, name, *overrides):
             for r in rows]
 
 
-@pytest.mark.parametrize("acting", ["inference_worker", "in_rollout"])
+@pytest.mark.parametrize("acting", ["inference_worker", "in_rollout", "in_rollout_torch"])
 def test_serial_mode_is_bit_reproducible(tmp_path, acting):
-    overrides = ("--set", f"sampler.num_inference_workers={0 if acting == 'in_rollout' else 1}")
+    overrides = ("--set", f"sampler.num_inference_workers={1 if acting == 'inference_worker' else 0}")
+    if acting == "in_rollout_torch":
+        overrides += ("--set", "sampler.acting_backend=torch")
     a, b = _losses(tmp_path, "a", *overrides), _losses(tmp_path, "b", *overrides)
     assert len(a) >= 10 and a == b  # exact float equality, every batch

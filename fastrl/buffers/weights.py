@@ -62,15 +62,17 @@ class SharedWeights:
         h[0] += 1  # even: consistent
 
     def try_read(self, staging: torch.Tensor) -> int | None:
-        """Copy the published weights into `staging` (flat float32); return their version or None if torn."""
-        import torch
+        """Copy the published weights into `staging` (flat float32, CPU); return their version or None if torn."""
+        return self.try_read_array(staging.numpy())
 
+    def try_read_array(self, staging: np.ndarray) -> int | None:
+        """try_read into a numpy array: what a worker that acts in numpy (no torch) reads with."""
         h = self.header.array
         seq_before = int(h[0])
         if seq_before & 1:
             return None
         version = int(h[1])
-        staging.copy_(torch.from_numpy(self.data.array))
+        np.copyto(staging, self.data.array)
         if int(h[0]) != seq_before:
             return None
         return version

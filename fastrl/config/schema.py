@@ -36,6 +36,11 @@ class SamplerConfig:
     num_inference_workers: int = opt(
         1, "Inference worker processes running the batched policy forward; 0 = each rollout worker runs the "
         "policy itself (no round trip to another process: faster for tiny models such as 2x64 MLPs).")
+    acting_backend: Literal["auto", "numpy", "torch"] = opt(
+        "auto", "What a rollout worker that acts itself (num_inference_workers=0) runs the policy with. numpy: "
+        "no torch in the worker (its import costs ~2.5 CPU-s at startup) and ~3x less CPU per forward of a "
+        "small MLP; torch: the same network through torch. auto = numpy where the model allows it (MLP "
+        "encoder, fp32, CPU), else torch.")
     num_traj_buffers: int = opt(0, "Trajectory slots in shared memory; 0 = enough for the groups plus 2 batches.")
     max_policy_lag: int = opt(50, "Samples acted by a policy more than this many SGD steps old are masked out.")
 

@@ -122,6 +122,10 @@ class Runner:
         weights.publish(model, version)
         mode = "serial debug mode, one process" if cfg.system.serial else \
             f"{cfg.sampler.num_inference_workers} inference worker(s)"
+        if rollout_workers_act(cfg):
+            from fastrl.models.numpy_policy import acting_backend
+
+            mode += f", rollout workers act in {acting_backend(cfg, self.spec)}"
         self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "
                  f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} splits, {mode}, "
                  f"{cfg.model.precision} network, {cfg.system.learner_threads} learner thread(s), "

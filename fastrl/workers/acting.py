@@ -5,6 +5,10 @@ every rollout worker's requests), or inside a rollout worker when `sampler.num_i
 is 0 (tiny models, where a forward costs less than the round trip to another process). It reads
 observations in place, writes actions, log-probs, values and the acting policy's version back
 into the same slot cells, and picks up weights the learner has published since the last call.
+
+The forward itself runs in torch (the ActorCritic module), or for a rollout worker that acts with
+a small MLP in numpy (fastrl.models.numpy_policy, sampler.acting_backend): then the worker never
+imports torch.
 """
 
 from __future__ import annotations
@@ -12,33 +16,76 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import torch
 
-from fastrl.models import ActorCritic
 from fastrl.workers.process import WorkerContext
 
 
-class PolicyActor:
+class TorchForward:
     def __init__(self, ctx: WorkerContext, seed: int):
-        self.ctx = ctx
+        import torch
+
+        from fastrl.models import ActorCritic
+
+        self.torch = torch
         self.device = torch.device(ctx.cfg.system.device)
         self.model = ActorCritic(ctx.spec, ctx.cfg.model).to(self.device).eval()
         self.staging = ctx.weights.new_staging()
+        torch.manual_seed(seed)  # action sampling: reproducible in serial mode
+
+    def read(self, weights) -> int | None:
+        version = weights.try_read(self.staging)
+        if version is not None:
+            staging = self.staging.to(self.device) if self.device.type != "cpu" else self.staging
+            weights.load_into(self.model, staging)
+        return version
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        torch = self.torch
+        with torch.inference_mode():
+            params, values = self.model(torch.from_numpy(obs).to(self.device, non_blocking=True))
+            actions, log_probs = self.model.sample(params)
+        return actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
+
+
+class NumpyForward:
+    def __init__(self, ctx: WorkerContext, seed: int):
+        from fastrl.models.numpy_policy import NumpyPolicy
+
+        self.policy = NumpyPolicy(ctx.weights.layout, ctx.spec, ctx.cfg.model.activation)
+        self.staging = np.empty(ctx.weights.data.shape[0], dtype=np.float32)
+        self.rng = np.random.default_rng(seed)  # action sampling: reproducible in serial mode
+
+    def read(self, weights) -> int | None:
+        version = weights.try_read_array(self.staging)
+        if version is not None:
+            self.policy.load(self.staging)
+        return version
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        params, values = self.policy.forward(obs)
+        actions, log_probs = self.policy.sample(params, self.rng)
+        return actions, log_probs, values
+
+
+class PolicyActor:
+    def __init__(self, ctx: WorkerContext, seed: int, backend: str = "torch"):
+        """`backend`: "torch", or "numpy" for an MLP acting in a rollout worker (see numpy_policy)."""
+        self.ctx = ctx
+        self.backend = backend
+        self.forward = NumpyForward(ctx, seed) if backend == "numpy" else TorchForward(ctx, seed)
         self.seen_seq = -1
         self.version = -1
         b = ctx.bufs
         self.obs, self.actions, self.log_probs = b.obs.array, b.actions.array, b.log_probs.array
         self.values, self.policy_version = b.values.array, b.policy_version.array
-        torch.manual_seed(seed)  # action sampling: reproducible in serial mode
 
     def refresh_weights(self) -> None:
         seq = int(self.ctx.weights.header.array[0])
         if seq == self.seen_seq or seq == 0:
             return
-        version = self.ctx.weights.try_read(self.staging)
+        version = self.forward.read(self.ctx.weights)
         if version is None:  # caught the learner mid-write; keep the current weights for this batch
             return
-        self.ctx.weights.load_into(self.model, self.staging.to(self.device) if self.device.type != "cpu" else self.staging)
         self.seen_seq, self.version = seq, version
 
     def wait_for_first_weights(self, idle) -> None:
@@ -54,11 +101,7 @@ class PolicyActor:
         """Fill actions, log-probs, values and versions at each (slot, t) in `cells`; returns samples."""
         self.refresh_weights()
         views = [self.obs[slot, t] for slot, t in cells]
-        obs = torch.from_numpy(views[0] if len(views) == 1 else np.concatenate(views))
-        with torch.inference_mode():
-            params, values = self.model(obs.to(self.device, non_blocking=True))
-            actions, log_probs = self.model.sample(params)
-        actions, log_probs, values = actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
+        actions, log_probs, values = self.forward(views[0] if len(views) == 1 else np.concatenate(views))
         offset = 0
         for (slot, t), view in zip(cells, views):
             n = view.shape[0]

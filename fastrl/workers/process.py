@@ -135,6 +135,15 @@ def environment_at_exec() -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
+def worker_needs_torch(ctx: WorkerContext, role: str) -> bool:
+    """A rollout worker needs torch only to act with it (importing it costs ~2.5 CPU-s here)."""
+    if role != "rollout":
+        return True
+    from fastrl.models.numpy_policy import acting_backend
+
+    return rollout_workers_act(ctx.cfg) and acting_backend(ctx.cfg, ctx.spec) == "torch"
+
+
 def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
     """Entry point of every child: bootstrap, run `loop(ctx, index, log)`, report any crash."""
     name = process_name(role, index)
@@ -144,8 +153,8 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
     if os.getppid() == 1:  # the runner died before we got here
         return
     threads = {"learner": ctx.cfg.system.learner_threads, "inference": ctx.cfg.system.inference_threads}.get(role, 1)
-    if role != "rollout" or rollout_workers_act(ctx.cfg):
-        import torch  # a rollout worker with an inference process never needs it (~1 CPU-s to import)
+    if worker_needs_torch(ctx, role):
+        import torch
 
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)

@@ -47,9 +47,11 @@ class RolloutWorker:
         ch = ctx.channels
         self.actor = None
         if rollout_workers_act(cfg):
-            from fastrl.workers.acting import PolicyActor  # torch comes with it: only where needed
+            from fastrl.models.numpy_policy import acting_backend
+            from fastrl.workers.acting import PolicyActor
 
-            self.actor = PolicyActor(ctx, seed=cfg.run.seed * 7919 + 104729 * (worker_index + 1))
+            self.actor = PolicyActor(ctx, seed=cfg.run.seed * 7919 + 104729 * (worker_index + 1),
+                                     backend=acting_backend(cfg, ctx.spec))
         self.requests = ch.requests[worker_index] if self.actor is None else None
         self.replies = ch.replies[worker_index] if self.actor is None else None
         self.free_ring, self.full_ring, self.bell = ch.free_slots[worker_index], ch.full_slots[worker_index], \

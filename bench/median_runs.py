@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 KEYS = ("wall_s", "env_steps", "mean_env_steps_per_s", "env_steps_per_s_last_60s", "final_mean_return",
-        "time_to_first_sample_s", "first_sample_after_command_s", "learner_busy_fraction")
+        "time_to_first_sample_s", "first_sample_after_command_s", "first_train_after_command_s",
+        "learner_busy_fraction")
 
 
 def main() -> int:

@@ -167,22 +167,37 @@ def _timed_loop(step: Callable[[], int], seconds: float, progress: Progress, lab
 
 
 def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> ComponentResult:
+    """The policy forward + sampling as the preset runs it: torch in an inference worker, or in the
+    rollout workers with sampler.acting_backend (numpy for small MLPs)."""
+    from fastrl.buffers.weights import _state_layout
     from fastrl.models import ActorCritic
+    from fastrl.models.numpy_policy import NumpyPolicy, acting_backend
 
     torch.set_num_threads(cfg.system.inference_threads)
     batch = inference_batch_size(cfg)
     model = ActorCritic(spec, cfg.model).eval()
     obs = random_obs(spec, (batch,), torch.Generator().manual_seed(0))
+    backend = acting_backend(cfg, spec) if rollout_workers_act(cfg) else "torch"
+    if backend == "numpy":
+        policy = NumpyPolicy(_state_layout(model), spec, cfg.model.activation)
+        policy.load(np.concatenate([t.detach().numpy().reshape(-1) for t in model.state_dict().values()]))
+        obs_np, rng = obs.numpy(), np.random.default_rng(0)
 
-    def step() -> int:
-        with torch.inference_mode():
-            params, _ = model(obs)
-            model.sample(params)
-        return batch
+        def step() -> int:
+            params, _ = policy.forward(obs_np)
+            policy.sample(params, rng)
+            return batch
+    else:
+        def step() -> int:
+            with torch.inference_mode():
+                params, _ = model(obs)
+                model.sample(params)
+            return batch
 
     points, done, cpu_s, wall = _timed_loop(step, seconds, progress, "samples")
     return ComponentResult(spread(window_rates(points, max(1.0, seconds / 10))), done / max(cpu_s, 1e-9),
-                           cpu_s / wall, wall, {"batch": batch, "torch_threads": cfg.system.inference_threads})
+                           cpu_s / wall, wall, {"batch": batch, "backend": backend,
+                                                "torch_threads": cfg.system.inference_threads})
 
 
 def synthetic_batch(cfg: Config, spec: EnvSpec, seed: int = 0) -> dict:

@@ -30,11 +30,6 @@ class Spread:
             out["overall"] = round(self.overall, 1)
         return out
 
-    def text(self, unit: str = "") -> str:
-        if self.windows == 0:
-            return "n/a"
-        return f"{self.median:,.0f}{unit} ({self.min:,.0f}-{self.max:,.0f}, {self.windows} windows)"
-
 
 def _change_points(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The samples at which a cumulative counter has just moved."""

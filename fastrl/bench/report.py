@@ -90,7 +90,7 @@ def format_table(result: dict) -> str:
         st = stages[name]
         what, unit = rows[name]
         if name == "infer":
-            what = f"samples/s at batch {st['batch']}"
+            what = f"samples/s at batch {st['batch']}" + (f", {st['backend']}" if "backend" in st else "")
         elif name == "learn":
             what = f"samples/s, {st['epochs']} epoch(s), batch {st['batch_size']}"
         key = f"{unit}_per_s" if unit else "env_steps_per_s"
@@ -104,8 +104,8 @@ def format_table(result: dict) -> str:
             lines.append(f"{'':<7} {'  frames/s (x' + str(fpe) + ' frames per env step)':<38} "
                          f"{headline_rate(st[key]) * fpe:>10,.0f}")
     if any(name in stages for name in ("sample", "train")):
-        lines.append("rate: median of the windows; sample and train: env steps over the whole measurement, "
-                     "as their counters move a batch at a time")
+        lines.append("rate: median of the windows; sample (env steps sampled) and train (env steps trained on): "
+                     "over the whole measurement, as their counters move a batch at a time")
     bound, eff = result["bound"], result["efficiency"]
     if "train_env_steps_per_s" in bound:
         lines.append(f"machine bound (train): {bound['train_env_steps_per_s']:,.0f} env steps/s = "

@@ -18,7 +18,6 @@ import time
 import numpy as np
 import torch
 
-from fastrl.buffers.weights import _state_layout
 from fastrl.config import load_config
 from fastrl.envs import resolve_env
 from fastrl.models import ActorCritic
@@ -46,9 +45,7 @@ def main() -> None:
     if reason:
         sys.exit(f"this preset cannot act in numpy: {reason}")
     model = ActorCritic(spec, cfg.model).eval()
-    flat = np.concatenate([t.detach().numpy().reshape(-1) for t in model.state_dict().values()]).astype(np.float32)
-    policy = NumpyPolicy(_state_layout(model), spec, cfg.model.activation)
-    policy.load(flat)
+    policy = NumpyPolicy.from_module(model, spec, cfg.model.activation)
     obs = np.random.default_rng(0).standard_normal((args.batch, *spec.obs_shape)).astype(np.float32)
     rng = np.random.default_rng(1)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.buffers.weights import _state_layout
+from fastrl.buffers import ShmAllocator, SharedWeights
 from fastrl.config import load_config
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
@@ -28,8 +28,8 @@ def _config(*overrides: str):
 
 def _model_and_policy(spec: EnvSpec, *overrides: str, seed: int = 0):
     """An ActorCritic with every parameter and statistic randomised (heads included, so the
-    outputs are far from their near-zero initialisation), and a NumpyPolicy loaded from the flat
-    block the learner would publish."""
+    outputs are far from their near-zero initialisation), and a NumpyPolicy that read it the way a
+    rollout worker does: published through SharedWeights, copied out with try_read_array."""
     cfg = _config(*overrides)
     torch.manual_seed(seed)
     model = ActorCritic(spec, cfg.model).eval()
@@ -41,10 +41,16 @@ def _model_and_policy(spec: EnvSpec, *overrides: str, seed: int = 0):
                 t.fill_(1000.0)
             else:
                 t.copy_(torch.randn_like(t) * (0.5 if name.endswith("weight") else 0.3))
-    layout = _state_layout(model)
-    flat = np.concatenate([t.detach().numpy().reshape(-1) for t in model.state_dict().values()]).astype(np.float32)
-    policy = NumpyPolicy(layout, spec, cfg.model.activation)
-    policy.load(flat)
+    alloc = ShmAllocator()
+    try:
+        weights = SharedWeights.allocate(alloc, model)
+        weights.publish(model, version=3)
+        staging = np.empty(weights.data.shape[0], dtype=np.float32)
+        assert weights.try_read_array(staging) == 3
+        policy = NumpyPolicy(weights.layout, spec, cfg.model.activation)
+        policy.load(staging)
+    finally:
+        alloc.unlink_all()
     return model, policy
 
 

@@ -169,7 +169,6 @@ def _timed_loop(step: Callable[[], int], seconds: float, progress: Progress, lab
 def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> ComponentResult:
     """The policy forward + sampling as the preset runs it: torch in an inference worker, or in the
     rollout workers with sampler.acting_backend (numpy for small MLPs)."""
-    from fastrl.buffers.weights import _state_layout
     from fastrl.models import ActorCritic
     from fastrl.models.numpy_policy import NumpyPolicy, acting_backend
 
@@ -179,8 +178,7 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     obs = random_obs(spec, (batch,), torch.Generator().manual_seed(0))
     backend = acting_backend(cfg, spec) if rollout_workers_act(cfg) else "torch"
     if backend == "numpy":
-        policy = NumpyPolicy(_state_layout(model), spec, cfg.model.activation)
-        policy.load(np.concatenate([t.detach().numpy().reshape(-1) for t in model.state_dict().values()]))
+        policy = NumpyPolicy.from_module(model, spec, cfg.model.activation)
         obs_np, rng = obs.numpy(), np.random.default_rng(0)
 
         def step() -> int:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # worker at startup on a 2-core box
 
 
-def _state_layout(module: torch.nn.Module) -> list[tuple[str, tuple, int]]:
+def state_layout(module: torch.nn.Module) -> list[tuple[str, tuple, int]]:
     layout, offset = [], 0
     for name, tensor in module.state_dict().items():
         n = tensor.numel()
@@ -38,7 +38,7 @@ class SharedWeights:
 
     @staticmethod
     def allocate(alloc: ShmAllocator, module: torch.nn.Module) -> "SharedWeights":
-        layout = _state_layout(module)
+        layout = state_layout(module)
         total = sum(int(np.prod(shape, dtype=np.int64)) for _, shape, _ in layout)
         header = alloc.array("weights_header", (2,), np.int64)  # [seq, policy_version]
         data = alloc.array("weights_data", (total,), np.float32)

@@ -18,6 +18,13 @@ def samples_per_slot(cfg: Config) -> int:
     return cfg.sampler.rollout_len * envs_per_split(cfg)
 
 
+def resolve_encoder(model_cfg, spec) -> str:
+    """model.encoder with auto resolved: the Nature CNN for image observations, else an MLP."""
+    if model_cfg.encoder != "auto":
+        return model_cfg.encoder
+    return "nature_cnn" if spec.is_image else "mlp"
+
+
 def rollout_workers_act(cfg: Config) -> bool:
     """No inference processes: each rollout worker runs the policy itself (and only then needs torch)."""
     return cfg.sampler.num_inference_workers == 0

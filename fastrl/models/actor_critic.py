@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from fastrl.config.checks import resolve_encoder
 from fastrl.config.hardware import resolve_precision
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
@@ -60,7 +61,7 @@ class ActorCritic(nn.Module):
     def __init__(self, spec: EnvSpec, cfg: ModelConfig):
         super().__init__()
         self.discrete = spec.discrete
-        encoder = cfg.encoder if cfg.encoder != "auto" else ("nature_cnn" if spec.is_image else "mlp")
+        encoder = resolve_encoder(cfg, spec)
         self.normalizer = ObsNormalizer(spec.obs_shape) if cfg.normalize_obs else None
 
         def make_encoder():

@@ -24,10 +24,11 @@ NORMALIZER_EPS, NORMALIZER_CLIP = 1e-8, 10.0  # as fastrl.models.normalizer.ObsN
 
 def unsupported_reason(cfg, spec) -> str | None:
     """Why this model cannot act in numpy (None: it can). `cfg` is a Config, `spec` an EnvSpec."""
+    from fastrl.config.checks import resolve_encoder
     from fastrl.config.hardware import resolve_precision
 
     m = cfg.model
-    encoder = m.encoder if m.encoder != "auto" else ("nature_cnn" if spec.is_image else "mlp")
+    encoder = resolve_encoder(m, spec)
     if encoder != "mlp":
         return f"model.encoder resolves to {encoder}; only MLP encoders act in numpy"
     if resolve_precision(m.precision, cfg.system.device) != "fp32":
@@ -56,6 +57,17 @@ class NumpyPolicy:
         self.critic_layers = self._layer_names("critic_encoder")  # [] when the encoder is shared
         self.normalized = "normalizer.mean" in self.names
         self.p: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def from_module(cls, module, spec, activation: str) -> "NumpyPolicy":
+        """A NumpyPolicy with a torch ActorCritic's current weights, laid out as the learner publishes
+        them (for benchmarks; workers read the published block)."""
+        from fastrl.buffers.weights import state_layout
+
+        policy = cls(state_layout(module), spec, activation)
+        policy.load(np.concatenate([t.detach().cpu().float().numpy().reshape(-1)
+                                    for t in module.state_dict().values()]))
+        return policy
 
     def _layer_names(self, prefix: str) -> list[str]:
         # nn.Sequential of (Linear, activation) pairs: Linear i sits at index 2 i

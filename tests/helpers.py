@@ -55,6 +55,16 @@ class RunProcess:
                 pass
         return names
 
+    def wait_for_child_names(self, prefixes: set[str], timeout_s: float) -> set[str]:
+        """The children's names once every prefix is among them (or at the timeout). A child names
+        itself only after its imports: the learner's take ~2.5 CPU-s, and samples can flow before."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            names = self.child_names()
+            if all(any(n.startswith(p) for n in names) for p in prefixes) or time.monotonic() > deadline:
+                return names
+            time.sleep(0.2)
+
     def wait_for(self, text: str, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -23,7 +23,7 @@ def test_short_run_trains_checkpoints_and_cleans_up(tmp_path):
     run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=40000",
                      "--set", "sampler.num_inference_workers=1", runs_dir=tmp_path)
     assert run.wait_for("return(last 100)", 60), run.output
-    names = run.child_names()
+    names = run.wait_for_child_names({"fastrl-learner", "fastrl-inferen", "fastrl-rollout"}, 60)
     assert run.wait(120) == 0, run.output
     # `top` shows these (the kernel keeps 15 characters of a process name)
     assert {"fastrl-learner", "fastrl-inferen", "fastrl-rollout"} <= {n[:14] for n in names}, names

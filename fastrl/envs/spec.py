@@ -93,8 +93,8 @@ def resolve_env(env_cfg: EnvConfig) -> EnvSpec:
         raise EnvError(f"unknown env id '{env_cfg.id}' (not in {where}){hint}")
     try:
         if backend == "envpool":
-            probe = load_envpool(env_cfg.id).make(env_cfg.id, env_type="gymnasium", num_envs=1, batch_size=1, num_threads=1,
-                                 **env_cfg.kwargs)
+            probe = load_envpool(env_cfg.id).make(env_cfg.id, env_type="gymnasium", num_envs=1, batch_size=1,
+                                                  num_threads=1, **env_cfg.kwargs)
             # Only Atari's frameskip repeats rendered frames; MuJoCo's frame_skip is physics substeps.
             frames = int(probe.spec.config.frame_skip) if "Atari" in type(probe).__name__ else 1
             spec = _spec_from_spaces(env_cfg.id, backend, probe.observation_space, probe.action_space, frames)

@@ -33,8 +33,9 @@ class EnvpoolSplit:
         from fastrl.envs.envpool_loader import load_envpool
 
         self.num_envs = num_envs
-        self._env = load_envpool(spec.env_id).make(spec.env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
-                                 num_threads=num_threads, seed=seed, **env_cfg.kwargs)
+        self._env = load_envpool(spec.env_id).make(spec.env_id, env_type="gymnasium", num_envs=num_envs,
+                                                   batch_size=num_envs, num_threads=num_threads, seed=seed,
+                                                   **env_cfg.kwargs)
         self._ids = np.arange(num_envs, dtype=np.int32)
 
     def reset(self) -> Step:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# defined beside the numpy acting forward, which must normalise exactly as this module does
+from fastrl.models.numpy_policy import NORMALIZER_CLIP, NORMALIZER_EPS
+
 
 class ObsNormalizer(nn.Module):
-    def __init__(self, shape: tuple, clip: float = 10.0, eps: float = 1e-8):
+    def __init__(self, shape: tuple, clip: float = NORMALIZER_CLIP, eps: float = NORMALIZER_EPS):
         super().__init__()
         self.clip, self.eps = clip, eps
         self.register_buffer("mean", torch.zeros(shape))

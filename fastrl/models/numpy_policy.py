@@ -2,8 +2,8 @@
 
 A rollout worker that runs a 2x64 MLP itself (sampler.num_inference_workers=0) spent more CPU in
 torch than in its envs: every op costs microseconds of dispatch, a call of 16 observations took
-330-440 us here (CartPole, HalfCheetah) against 120 in numpy, and `import torch` alone costs each
-worker ~2.5 CPU-s at startup. This is the same network, read from the same published weights
+324-350 CPU us here (CartPole, HalfCheetah) against 97-123 in numpy (bench/acting_microbench.py),
+and `import torch` alone costs each worker ~1.8-2.5 CPU-s at startup. This is the same network, read from the same published weights
 (their state_dict names and flat layout), computing the same logits or Gaussian mean, value and
 log-prob; tests/test_numpy_policy.py holds it to ActorCritic on random weights and inputs.
 
@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-NORMALIZER_EPS, NORMALIZER_CLIP = 1e-8, 10.0  # as fastrl.models.normalizer.ObsNormalizer's defaults
+NORMALIZER_EPS, NORMALIZER_CLIP = 1e-8, 10.0  # ObsNormalizer's defaults too (it imports them from here)
 
 
 def unsupported_reason(cfg, spec) -> str | None:
@@ -113,8 +113,8 @@ class NumpyPolicy:
         """(actions, their log-probabilities) drawn from the policy at `params`."""
         if self.discrete:
             z = params - params.max(axis=1, keepdims=True)
-            log_p = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-            cdf = np.cumsum(np.exp(log_p), axis=1)
+            cdf = np.cumsum(np.exp(z), axis=1)  # unnormalised: its last column is the softmax's denominator
+            log_p = z - np.log(cdf[:, -1:])
             u = rng.random((params.shape[0], 1), dtype=np.float32) * cdf[:, -1:]
             actions = np.minimum((cdf <= u).sum(axis=1), params.shape[1] - 1)
             return actions, log_p[np.arange(params.shape[0]), actions]

@@ -71,7 +71,6 @@ class PolicyActor:
     def __init__(self, ctx: WorkerContext, seed: int, backend: str = "torch"):
         """`backend`: "torch", or "numpy" for an MLP acting in a rollout worker (see numpy_policy)."""
         self.ctx = ctx
-        self.backend = backend
         self.forward = NumpyForward(ctx, seed) if backend == "numpy" else TorchForward(ctx, seed)
         self.seen_seq = -1
         self.version = -1

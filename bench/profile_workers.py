@@ -43,6 +43,8 @@ CATEGORIES = [
     ("obs normaliser", ("normalizer.py",)),
     ("forward pass", ("ActorCritic.forward",)),
     ("action sampling", ("ActorCritic.sample",)),
+    ("policy forward + action sampling (numpy)", ("NumpyPolicy.",)),
+    ("acting: slot reads/writes, weight refresh", ("PolicyActor.",)),
     ("envpool send/recv (caller thread)", ("EnvpoolSplit.", "GymnasiumSplit.", "envpool/")),
     ("non-finite checks", ("_mask_nonfinite",)),
     ("trajectory writes + episode stats", ("RolloutWorker._record",)),
@@ -119,7 +121,7 @@ def profile(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="fastrl_profile_"))
     cmd = [sys.executable, "-m", "fastrl.cli", "train", "--config", args.config, "--name", "profile",
            "--runs-dir", str(work), "--set", "run.report_interval_s=1",
-           "--set", f"run.train_for_seconds={args.warmup_s + args.seconds + 60}",
+           "--set", f"run.train_for_seconds={args.warmup_s + 10 * args.seconds + 60}",
            "--set", "run.stop_at_mean_return=null", "--set", "run.train_for_env_steps=1000000000"]
     for override in args.set:
         cmd += ["--set", override]

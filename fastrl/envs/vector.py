@@ -26,10 +26,70 @@ class Step:
     game_over: np.ndarray     # bool, the real end of the game for reporting
 
 
+# What envpool's C++ send takes and recv returns, for the single-player envs fastrl steps.
+_ACTION_KEYS = ["env_id", "players.env_id", "action"]
+_STATE_KEYS_NEEDED = ("info:env_id", "obs", "reward", "done", "trunc")
+_ATARI_KEYS = ("info:lives", "info:reward", "info:terminated")
+
+
+class _DirectCalls:
+    """envpool's C++ `_send`/`_recv` called without its Python wrapper.
+
+    The wrapper costs ~70 µs a call whatever the batch (it rebuilds the config dict, converts the
+    action through a dict, rebuilds the state with optree): at 16 CartPole envs a call that is
+    4 µs of env per step pays 4.4 µs per step more in Python. This keeps the same semantics for
+    the one case fastrl uses (single player, every env in every call, gymnasium's
+    terminated = done and not truncated) and is only built when envpool's private layout is the
+    one checked here; otherwise the split goes through the public API.
+    """
+
+    def __init__(self, env, num_envs: int):
+        state_keys = list(env._state_keys)
+        self.send_raw, self.recv_raw = env._send, env._recv
+        self.index = {key: i for i, key in enumerate(state_keys)}
+        action_type = env._spec._action_spec[-1][0]
+        action_shape = [num_envs, *env._spec._action_spec[-1][1][1:]]
+        self.ids = np.arange(num_envs, dtype=np.int32)
+        # envpool reads the action from this memory in its own threads after `send` returns, so it
+        # must be ours and stay unchanged until the matching recv
+        self.actions = np.zeros(action_shape, dtype=action_type)
+        self.atari = all(k in self.index for k in _ATARI_KEYS)
+
+    @staticmethod
+    def supported(env) -> bool:
+        """Whether envpool's private layout is the one this class was written against (1.2.5's)."""
+        try:
+            action_keys, state_keys = list(env._action_keys), list(env._state_keys)
+            calls = callable(env._send) and callable(env._recv)
+            action_spec = env._spec._action_spec
+            players = env.config.get("max_num_players", 1)
+        except (AttributeError, TypeError):
+            return False
+        return (calls and action_keys == _ACTION_KEYS and len(action_spec) == len(_ACTION_KEYS) and players == 1
+                and all(k in state_keys for k in _STATE_KEYS_NEEDED))
+
+    def send(self, actions: np.ndarray) -> None:
+        self.actions[...] = actions  # casts like envpool's own astype (HalfCheetah takes float64)
+        self.send_raw([self.ids, self.ids, self.actions])
+
+    def recv(self) -> tuple:
+        values = self.recv_raw()
+        i = self.index
+        trunc = values[i["trunc"]]
+        terminated = values[i["done"]] & ~trunc
+        info = {"env_id": values[i["info:env_id"]]}
+        if self.atari:
+            info.update(lives=values[i["info:lives"]], reward=values[i["info:reward"]],
+                        terminated=values[i["info:terminated"]])
+        return values[i["obs"]], values[i["reward"]], terminated, trunc, info
+
+
 class EnvpoolSplit:
     """An envpool instance in sync-batch mode: `send` returns at once, envs step in C++ threads."""
 
-    def __init__(self, env_cfg: EnvConfig, spec: EnvSpec, num_envs: int, num_threads: int, seed: int):
+    def __init__(self, env_cfg: EnvConfig, spec: EnvSpec, num_envs: int, num_threads: int, seed: int,
+                 direct: bool = True):
+        """`direct`: call envpool's C++ send/recv without its Python wrapper when its layout allows."""
         from fastrl.envs.envpool_loader import load_envpool
 
         self.num_envs = num_envs
@@ -37,16 +97,27 @@ class EnvpoolSplit:
                                                    batch_size=num_envs, num_threads=num_threads, seed=seed,
                                                    **env_cfg.kwargs)
         self._ids = np.arange(num_envs, dtype=np.int32)
+        self._direct = _DirectCalls(self._env, num_envs) if direct and _DirectCalls.supported(self._env) else None
+
+    @property
+    def direct(self) -> bool:
+        return self._direct is not None
 
     def reset(self) -> Step:
         self._env.async_reset()
         return self.recv()
 
     def send(self, actions: np.ndarray) -> None:
-        self._env.send(actions, self._ids)
+        if self._direct is not None:
+            self._direct.send(actions)
+        else:
+            self._env.send(actions, self._ids)
 
     def recv(self) -> Step:
-        obs, reward, terminated, truncated, info = self._env.recv()
+        if self._direct is not None:
+            obs, reward, terminated, truncated, info = self._direct.recv()
+        else:
+            obs, reward, terminated, truncated, info = self._env.recv()
         env_id = info["env_id"]
         if np.any(env_id[1:] < env_id[:-1]):  # sync mode returns env-id order; guard the assumption
             order = np.argsort(env_id)

@@ -10,5 +10,11 @@ setup(
             language="c++",
             extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
         ),
+        Extension(
+            "fastrl_ext._vtrace",
+            sources=["fastrl_ext/src/vtrace.cpp"],
+            language="c++",
+            extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
+        ),
     ],
 )

@@ -3,14 +3,17 @@
 `_rings`: push, pop and wait on the shared-memory rings and futex doorbells of
 `fastrl.ipc.rings`, whose pure-Python classes are the reference these are tested against
 (tests/test_rings.py runs every ring test on both). `system.native_rings` picks one per run.
+
+`_vtrace`: V-trace's targets in one pass of C++ loops, for CPU tensors; `fastrl.algo.vtrace.vtrace_torch`
+is the reference (tests/test_vtrace.py checks both against the paper). `algo.native_vtrace` picks.
 """
 
 try:
-    from fastrl_ext import _rings
+    from fastrl_ext import _rings, _vtrace
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _rings = None
+    _rings = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_rings", "BUILD_ERROR"]
+__all__ = ["_rings", "_vtrace", "BUILD_ERROR"]

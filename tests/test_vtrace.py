@@ -1,12 +1,26 @@
 """V-trace against a slow reference written straight from the IMPALA paper's sum form,
-on random inputs with terminations, truncations and envpool reset steps."""
+on random inputs with terminations, truncations and envpool reset steps. Every test runs both
+implementations: fastrl_ext's C++ loop and the torch reference."""
 
 import math
 
 import pytest
 import torch
 
-from fastrl.algo.vtrace import vtrace
+import fastrl.algo.vtrace as vtrace_module
+from fastrl.algo.vtrace import vtrace_torch
+
+
+@pytest.fixture(params=["native", "torch"])
+def vtrace(request, monkeypatch):
+    """The V-trace under test; the native one may not quietly fall back to torch."""
+    if request.param == "torch":
+        return lambda *args, **kw: vtrace_module.vtrace(*args, **kw, native=False)
+
+    def torch_forbidden(*args, **kw):
+        raise AssertionError("the native V-trace fell back to torch")
+    monkeypatch.setattr(vtrace_module, "vtrace_torch", torch_forbidden)
+    return vtrace_module.vtrace
 
 
 def random_episode_flags(T, B, gen, p_end=0.15):
@@ -50,7 +64,7 @@ def reference_vtrace(log_ratios, rewards, values, terminated, truncated, gamma, 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("rho_bar,c_bar,lam", [(1.0, 1.0, 1.0), (2.0, 0.5, 0.9), (0.8, 1.2, 0.95)])
-def test_vtrace_matches_paper_reference(seed, rho_bar, c_bar, lam):
+def test_vtrace_matches_paper_reference(seed, rho_bar, c_bar, lam, vtrace):
     gen = torch.Generator().manual_seed(seed)
     T, B, gamma = 20, 6, 0.97
     log_ratios = torch.randn(T, B, generator=gen, dtype=torch.float64) * 0.7
@@ -96,7 +110,7 @@ def gae(rewards, values, terminated, truncated, gamma, lam):
     return adv
 
 
-def test_on_policy_targets_are_n_step_returns():
+def test_on_policy_targets_are_n_step_returns(vtrace):
     gen = torch.Generator().manual_seed(7)
     T, B, gamma = 16, 5, 0.9
     rewards = torch.randn(T, B, generator=gen, dtype=torch.float64)
@@ -106,7 +120,7 @@ def test_on_policy_targets_are_n_step_returns():
     torch.testing.assert_close(got.vs, n_step_returns(rewards, values, terminated, truncated, gamma))
 
 
-def test_on_policy_lambda_advantage_is_gae():
+def test_on_policy_lambda_advantage_is_gae(vtrace):
     gen = torch.Generator().manual_seed(8)
     T, B, gamma, lam = 16, 5, 0.99, 0.9
     rewards = torch.randn(T, B, generator=gen, dtype=torch.float64)
@@ -116,7 +130,7 @@ def test_on_policy_lambda_advantage_is_gae():
     torch.testing.assert_close(got.vs - values[:-1], gae(rewards, values, terminated, truncated, gamma, lam))
 
 
-def test_truncation_bootstraps_but_termination_does_not():
+def test_truncation_bootstraps_but_termination_does_not(vtrace):
     rewards = torch.tensor([[1.0], [1.0]], dtype=torch.float64)
     values = torch.tensor([[0.0], [10.0], [0.0]], dtype=torch.float64)
     zeros = torch.zeros(2, 1, dtype=torch.float64)
@@ -128,7 +142,7 @@ def test_truncation_bootstraps_but_termination_does_not():
     assert float(terminated.vs[0, 0]) == pytest.approx(1.0)
 
 
-def test_reset_step_does_not_leak_into_previous_episode():
+def test_reset_step_does_not_leak_into_previous_episode(vtrace):
     """A huge reward on the reset step (action ignored) must not change the previous step's target."""
     T = 3
     values = torch.zeros(T + 1, 1, dtype=torch.float64)
@@ -140,3 +154,55 @@ def test_reset_step_does_not_leak_into_previous_episode():
     a = vtrace(torch.zeros(T, 1, dtype=torch.float64), base, values, terminated, truncated, 0.99)
     b = vtrace(torch.zeros(T, 1, dtype=torch.float64), spiked, values, terminated, truncated, 0.99)
     assert float(a.vs[0, 0]) == float(b.vs[0, 0]) == 1.0
+
+
+def random_inputs(T, B, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    log_ratios = (torch.randn(T, B, generator=gen) * 0.7).to(dtype)
+    rewards = torch.randn(T, B, generator=gen).to(dtype)
+    values = torch.randn(T + 1, B, generator=gen).to(dtype)
+    terminated, truncated = random_episode_flags(T, B, gen)
+    return log_ratios, rewards, values, terminated, truncated
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_native_matches_torch_on_learner_sized_batches(dtype, tol):
+    """The shapes the presets train on ([64, 4] HalfCheetah minibatches, [32, 32] CartPole), in the
+    learner's float32; and inputs that are views (columns of a batch), as minibatches can be."""
+    for T, B in [(64, 4), (32, 32), (1, 7)]:
+        args = random_inputs(T, B, dtype, seed=T * B)
+        want = vtrace_torch(*args, 0.99, 1.0, 1.0, 0.95)
+        got = vtrace_module.vtrace(*args, 0.99, 1.0, 1.0, 0.95)
+        torch.testing.assert_close(got.vs, want.vs, rtol=tol, atol=tol)
+        torch.testing.assert_close(got.pg_advantages, want.pg_advantages, rtol=tol, atol=tol)
+    wide = random_inputs(16, 12, dtype, seed=5)
+    cols = [x[:, ::3] for x in wide]  # non-contiguous views
+    want = vtrace_torch(*(x.contiguous() for x in cols), 0.9, 2.0, 0.5, 1.0)
+    got = vtrace_module.vtrace(*cols, 0.9, 2.0, 0.5, 1.0)
+    torch.testing.assert_close(got.vs, want.vs, rtol=tol, atol=tol)
+    torch.testing.assert_close(got.pg_advantages, want.pg_advantages, rtol=tol, atol=tol)
+
+
+def test_a_nan_ratio_stays_nan_in_both(vtrace):
+    """A non-finite log-ratio must reach the loss (which then skips the step), not be clamped away."""
+    log_ratios, rewards, values, terminated, truncated = random_inputs(8, 3, torch.float32, seed=1)
+    terminated[:], truncated[:] = False, False
+    log_ratios[5, 1] = float("nan")
+    out = vtrace(log_ratios, rewards, values, terminated, truncated, 0.99)
+    assert torch.isnan(out.vs[:6, 1]).all() and torch.isfinite(out.vs[6:, 1]).all()
+    assert torch.isfinite(out.vs[:, [0, 2]]).all()
+
+
+def test_native_refuses_what_it_cannot_read():
+    native = vtrace_module._native
+    log_ratios, rewards, values, terminated, truncated = (x.numpy() for x in random_inputs(4, 2, torch.float32, 0))
+    vs, adv = rewards.copy(), rewards.copy()
+    with pytest.raises(ValueError, match="values must be"):
+        native.vtrace(log_ratios, rewards, values[:-1], terminated, truncated, vs, adv, 0.9, 1.0, 1.0, 1.0)
+    with pytest.raises(TypeError, match="terminated must be bool"):
+        native.vtrace(log_ratios, rewards, values, terminated.astype("f4"), truncated, vs, adv, 0.9, 1.0, 1.0, 1.0)
+    with pytest.raises(TypeError, match="share one dtype"):
+        native.vtrace(log_ratios, rewards.astype("f8"), values, terminated, truncated, vs, adv, 0.9, 1.0, 1.0, 1.0)
+    vs.flags.writeable = False
+    with pytest.raises(TypeError, match="vs_out must be a C-contiguous writable"):
+        native.vtrace(log_ratios, rewards, values, terminated, truncated, vs, adv, 0.9, 1.0, 1.0, 1.0)

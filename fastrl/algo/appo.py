@@ -62,7 +62,8 @@ class APPOTrainer:
         new_log_probs = self.model.log_prob(params, mb["actions"])
         entropy = self.model.entropy(params)
         targets = vtrace(new_log_probs.detach() - mb["log_probs"], mb["rewards"], values.detach(),
-                         mb["terminated"], mb["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda)
+                         mb["terminated"], mb["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda,
+                         native=cfg.native_vtrace)
         return self._loss(mb, new_log_probs, entropy, values[:-1], targets.vs, targets.pg_advantages)
 
     def _sample_minibatch_loss(self, mb: dict):
@@ -86,7 +87,8 @@ class APPOTrainer:
         params, values = self._forward_time_major(obs)
         log_ratios = self.model.log_prob(params, batch["actions"]) - batch["log_probs"]
         targets = vtrace(log_ratios, batch["rewards"], values, batch["terminated"],
-                         batch["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda)
+                         batch["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda,
+                         native=cfg.native_vtrace)
         per_step = {"obs": obs[:-1], "actions": batch["actions"], "log_probs": batch["log_probs"],
                     "values": batch["values"], "train_mask": batch["train_mask"],
                     "vs": targets.vs, "pg_advantages": targets.pg_advantages}

@@ -79,6 +79,9 @@ def check_config(cfg: Config) -> list[str]:
     if sysc.native_rings and fastrl_ext._rings is None:
         problems.append(f"system.native_rings=true but fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}): "
                         "reinstall with a C++ compiler (pip install -e .), or set system.native_rings=false")
+    if a.native_vtrace and fastrl_ext._vtrace is None:
+        problems.append(f"algo.native_vtrace=true but fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}): "
+                        "reinstall with a C++ compiler (pip install -e .), or set algo.native_vtrace=false")
     if a.lr_decay_env_steps is not None:
         if a.lr_schedule != "linear":
             problems.append(f"algo.lr_decay_env_steps={a.lr_decay_env_steps} only applies to algo.lr_schedule=linear, "

@@ -27,7 +27,8 @@ def test_bench_runs_every_stage_and_writes_json(tmp_path):
         assert st[f"{key}_per_core_s"] > 0
     for name in ("sample", "train"):
         st = stages[name]
-        assert st["measured_s"] >= 2.0 and st["env_steps_per_s"]["median"] > 0
+        # the whole-measurement rate: in 2 s on a loaded box most 1 s windows can see no slot or batch finish
+        assert st["measured_s"] >= 2.0 and headline_rate(st["env_steps_per_s"]) > 0
         # the CartPole preset acts in its rollout workers: no inference process
         assert {p["name"] for p in st["processes"]} >= {"fastrl-learner", "fastrl-rollout-0", "fastrl-rollout-1"}
         assert 0 <= st["learner_busy_fraction"] <= 1 and 0 <= st["rollout_idle_fraction"] <= 1

@@ -104,3 +104,17 @@ def test_a_run_saved_before_sampler_nice_was_split_resumes_with_its_old_meaning(
     assert "sampler_nice" in saved["system"]  # the caller's mapping is left as it was
     with pytest.raises(ConfigError, match="split into system.rollout_nice"):
         load_config(overrides=["system.sampler_nice=3"])
+
+
+def test_native_paths_without_a_built_fastrl_ext_are_a_config_error(monkeypatch):
+    """No compiler at install time: the run must say which switches fall back, not crash in a worker."""
+    import fastrl_ext
+
+    monkeypatch.setattr(fastrl_ext, "_rings", None)
+    monkeypatch.setattr(fastrl_ext, "_vtrace", None)
+    monkeypatch.setattr(fastrl_ext, "BUILD_ERROR", "no module named _vtrace")
+    cfg = load_config([str(Path(__file__).resolve().parent.parent / "configs/cartpole.yaml")])
+    problems = " ".join(check_config(cfg))
+    assert "system.native_rings=false" in problems and "algo.native_vtrace=false" in problems
+    cfg.system.native_rings, cfg.algo.native_vtrace = False, False
+    assert check_config(cfg) == []

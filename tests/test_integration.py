@@ -35,6 +35,8 @@ def test_short_run_trains_checkpoints_and_cleans_up(tmp_path):
     log = (run.run_dir / "train.log").read_text()
     for name in ("fastrl-learner", "fastrl-inference-0", "fastrl-rollout-0", "fastrl-rollout-1"):
         assert f"{name} INFO started" in log and f"{name} INFO stopped" in log
+    for name in ("fastrl-rollout-0", "fastrl-rollout-1"):  # one group at start, the other after its first slot
+        assert f"{name} INFO 1 x 16 envs reset" in log and f"{name} INFO built the other 1 group(s)" in log
     ckpts = sorted((run.run_dir / "checkpoints").glob("checkpoint_*.pt"))
     assert ckpts
     state = torch.load(ckpts[-1], weights_only=True)

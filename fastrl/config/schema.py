@@ -69,7 +69,7 @@ class AlgoConfig:
     c_bar: float = opt(1.0, "Truncation of the trace coefficient c_t in V-trace.")
     native_vtrace: bool = opt(
         True, "Compute V-trace's targets in fastrl_ext's C++ loop when the batch is on the CPU (the torch version's "
-        "per-time-step Python loop costs ~0.5 ms a minibatch); false runs the torch reference (same math).")
+        "per-time-step Python loop costs ~1 ms a minibatch); false runs the torch reference (same math).")
     clip_ratio: float = opt(0.1, "PPO clip epsilon of the surrogate objective.")
     value_coef: float = opt(0.5, "Weight of the value loss.")
     value_clip: Optional[float] = opt(None, "If set, clip the value prediction to +-this around the behaviour value.")

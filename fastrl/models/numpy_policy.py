@@ -3,9 +3,10 @@
 A rollout worker that runs a 2x64 MLP itself (sampler.num_inference_workers=0) spent more CPU in
 torch than in its envs: every op costs microseconds of dispatch, a call of 16 observations took
 324-350 CPU us here (CartPole, HalfCheetah) against 97-123 in numpy (bench/acting_microbench.py),
-and `import torch` alone costs each worker ~1.8-2.5 CPU-s at startup. This is the same network, read from the same published weights
-(their state_dict names and flat layout), computing the same logits or Gaussian mean, value and
-log-prob; tests/test_numpy_policy.py holds it to ActorCritic on random weights and inputs.
+and `import torch` alone costs each worker ~1.8-2.5 CPU-s at startup. This is the same network,
+read from the same published weights (their state_dict names and flat layout), computing the same
+logits or Gaussian mean, value and log-prob; tests/test_numpy_policy.py holds it to ActorCritic
+on random weights and inputs.
 
 It covers what fastrl's MLP models are: an MLP encoder (tanh or relu), shared or separate for
 the critic, optional observation normalisation, a categorical or state-independent Gaussian head,

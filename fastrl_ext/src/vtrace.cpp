@@ -48,7 +48,7 @@ struct View {
 template <typename F>
 void run(const F* log_ratios, const F* rewards, const F* values, const bool* terminated, const bool* truncated,
          F* vs, F* adv, Py_ssize_t T, Py_ssize_t B, F gamma, F rho_bar, F c_bar, F lam) {
-    std::vector<F> rho(static_cast<size_t>(T * B));
+    // rho_t is kept in `adv` between the two passes: the second reads adv[i] before writing it
     std::vector<F> acc(static_cast<size_t>(B), F(0));
     for (Py_ssize_t t = T - 1; t >= 0; --t) {
         for (Py_ssize_t b = 0; b < B; ++b) {
@@ -63,7 +63,7 @@ void run(const F* log_ratios, const F* rewards, const F* values, const bool* ter
             const F delta = r * (rewards[i] + gamma * not_term * v_next - v_t);
             acc[b] = delta + gamma * not_done * c * acc[b];
             vs[i] = v_t + acc[b];
-            rho[i] = r;
+            adv[i] = r;
         }
     }
     for (Py_ssize_t t = 0; t < T; ++t) {
@@ -73,7 +73,7 @@ void run(const F* log_ratios, const F* rewards, const F* values, const bool* ter
             const F v_next = values[i + B];
             const F next = done ? v_next : (t + 1 < T ? vs[i + B] : v_next);
             const F not_term = terminated[i] ? F(0) : F(1);
-            adv[i] = rho[i] * (rewards[i] + gamma * not_term * next - values[i]);
+            adv[i] = adv[i] * (rewards[i] + gamma * not_term * next - values[i]);
         }
     }
 }

@@ -20,11 +20,13 @@ import torch
 
 from fastrl.algo.adam import Adam
 from fastrl.algo.appo_loss import appo_loss
+from fastrl.algo.grad_clip import clip_grad_norm
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
 from fastrl.models import ActorCritic
 
 LAG_HIST_BINS = 256  # policy lags >= this many versions share the last bin of the histogram
+TRAJECTORY_LOSS_KEYS = ("obs", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "train_mask")
 BATCH_KEYS = ("obs", "actions", "log_probs", "values", "rewards", "terminated", "truncated", "valid", "policy_version")
 
 
@@ -40,7 +42,8 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
 class APPOTrainer:
     def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int):
         self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag
-        self.optimizer = Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.trained_params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps)
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
         self.skipped_total = 0   # optimizer steps dropped for a non-finite loss or gradient
         self.skipped_in_row = 0  # ... since the last good one
@@ -105,9 +108,11 @@ class APPOTrainer:
                 return {k: v[idx] for k, v in flat.items()}
         else:
             n, loss = batch["rewards"].shape[1], self._trajectory_minibatch_loss
+            # only what the loss reads: each index is a gather over [T, B], ~10 us a key on the MLP presets
+            needed = {k: batch[k] for k in TRAJECTORY_LOSS_KEYS}
 
             def take(idx):
-                return {k: v[:, idx] for k, v in batch.items()}
+                return {k: v[:, idx] for k, v in needed.items()}
         per_mb = n // cfg.num_minibatches
         for _ in range(cfg.num_epochs):
             order = torch.randperm(n)
@@ -136,7 +141,7 @@ class APPOTrainer:
             out = minibatch_loss(mb)
             self.optimizer.zero_grad(set_to_none=True)
             out.loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            grad_norm = clip_grad_norm(self.trained_params, cfg.max_grad_norm)
             if not torch.isfinite(out.loss) or not torch.isfinite(grad_norm):
                 skipped += 1  # a non-finite step would poison the weights; drop it
                 self.skipped_total += 1

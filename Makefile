@@ -12,7 +12,7 @@ $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) pyproject.toml setup.py $(wildcard fastrl_ext/src/*.cpp)
+$(STAMP): $(PY) pyproject.toml setup.py $(wildcard fastrl_ext/src/*.cpp fastrl_ext/src/*.h)
 	$(PY) -m pip install --quiet "$(TORCH)"
 	$(PY) -m pip install --quiet -e ".[test]"
 	@touch $(STAMP)

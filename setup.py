@@ -2,19 +2,20 @@
 
 from setuptools import Extension, setup
 
+# the learner's pieces share one header for the buffer protocol (numpy views of CPU tensors)
+LEARNER_HEADERS = ["fastrl_ext/src/buffer_view.h"]
+
+
+def native_module(name: str, depends: list = ()) -> Extension:
+    """fastrl_ext._<name>, from fastrl_ext/src/<name>.cpp."""
+    return Extension(f"fastrl_ext._{name}", sources=[f"fastrl_ext/src/{name}.cpp"], depends=list(depends),
+                     language="c++", extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"])
+
+
 setup(
     ext_modules=[
-        Extension(
-            "fastrl_ext._rings",
-            sources=["fastrl_ext/src/rings.cpp"],
-            language="c++",
-            extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
-        ),
-        Extension(
-            "fastrl_ext._vtrace",
-            sources=["fastrl_ext/src/vtrace.cpp"],
-            language="c++",
-            extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
-        ),
+        native_module("rings"),
+        native_module("vtrace", LEARNER_HEADERS),
+        native_module("appo_loss", LEARNER_HEADERS),
     ],
 )

@@ -6,14 +6,18 @@
 
 `_vtrace`: V-trace's targets in one pass of C++ loops, for CPU tensors; `fastrl.algo.vtrace.vtrace_torch`
 is the reference (tests/test_vtrace.py checks both against the paper). `algo.native_vtrace` picks.
+
+`_appo_loss`: the APPO loss and its gradient in one C++ pass, for CPU tensors;
+`fastrl.algo.appo_loss.appo_loss_torch` is the reference (tests/test_appo_loss.py checks both against
+the formulas and each other's gradients). `algo.native_loss` picks.
 """
 
 try:
-    from fastrl_ext import _rings, _vtrace
+    from fastrl_ext import _appo_loss, _rings, _vtrace
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _rings = _vtrace = None
+    _appo_loss = _rings = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_rings", "_vtrace", "BUILD_ERROR"]
+__all__ = ["_appo_loss", "_rings", "_vtrace", "BUILD_ERROR"]

@@ -112,9 +112,11 @@ def test_native_paths_without_a_built_fastrl_ext_are_a_config_error(monkeypatch)
 
     monkeypatch.setattr(fastrl_ext, "_rings", None)
     monkeypatch.setattr(fastrl_ext, "_vtrace", None)
+    monkeypatch.setattr(fastrl_ext, "_appo_loss", None)
     monkeypatch.setattr(fastrl_ext, "BUILD_ERROR", "no module named _vtrace")
     cfg = load_config([str(Path(__file__).resolve().parent.parent / "configs/cartpole.yaml")])
     problems = " ".join(check_config(cfg))
-    assert "system.native_rings=false" in problems and "algo.native_vtrace=false" in problems
-    cfg.system.native_rings, cfg.algo.native_vtrace = False, False
+    for switch in ("system.native_rings", "algo.native_vtrace", "algo.native_loss"):
+        assert f"{switch}=false" in problems
+    cfg.system.native_rings, cfg.algo.native_vtrace, cfg.algo.native_loss = False, False, False
     assert check_config(cfg) == []

@@ -79,7 +79,7 @@ class APPOTrainer:
         cfg = self.cfg
         return appo_loss(new_log_probs, mb["log_probs"], entropy, values, mb["values"], value_targets, advantages,
                          mb["train_mask"], cfg.clip_ratio, cfg.value_coef, cfg.entropy_coef, cfg.value_clip,
-                         cfg.normalize_advantages)
+                         cfg.normalize_advantages, native=cfg.native_loss)
 
     @torch.no_grad()
     def _flat_samples_with_targets(self, batch: dict) -> dict:

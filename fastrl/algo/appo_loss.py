@@ -2,6 +2,12 @@
 
 Pure function of tensors; every mean is over valid samples only (envpool reset steps and
 samples too stale to train on are invalid).
+
+`appo_loss` computes the loss and its gradient in fastrl_ext's C++ loop (fastrl_ext/src/appo_loss.cpp)
+when the inputs are CPU tensors of one float dtype and `native` (algo.native_loss), else
+`appo_loss_torch`, the reference here. Why: the torch version is ~45 small ops forward and ~30
+backward, and on the MLP presets the learner is bound by the number of ops it dispatches, not by
+their arithmetic.
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 import torch
+
+from fastrl_ext import _appo_loss as _native
 
 
 class LossOutput(NamedTuple):
@@ -20,38 +28,98 @@ class LossOutput(NamedTuple):
     clip_fraction: torch.Tensor
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask.to(x.dtype)
-    return (x * m).sum() / m.sum().clamp(min=1.0)
+class _ValidMean:
+    """Means over the valid samples, with the mask converted and counted once per loss: the loss
+    takes seven such means, and the MLP presets' learner is bound by the number of torch ops it
+    dispatches (~5 µs each on the 2-core box), not by arithmetic."""
+
+    def __init__(self, valid: torch.Tensor, dtype: torch.dtype):
+        self.weights = valid.reshape(-1).to(dtype)
+        self.count = self.weights.sum().clamp(min=1.0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weights = self.weights if x.dtype == self.weights.dtype else self.weights.to(x.dtype)
+        return torch.dot(x.reshape(-1), weights) / self.count
 
 
-def normalize_advantages(adv: torch.Tensor, valid: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    mean = masked_mean(adv, valid)
-    var = masked_mean((adv - mean) ** 2, valid)
-    return (adv - mean) / (var.sqrt() + eps)
+def normalize_advantages(adv: torch.Tensor, valid: torch.Tensor, eps: float = 1e-8,
+                         valid_mean: _ValidMean | None = None) -> torch.Tensor:
+    mean_of = valid_mean or _ValidMean(valid.bool(), adv.dtype)
+    mean = mean_of(adv)
+    centred = adv - mean
+    var = mean_of(centred * centred)
+    return centred / (var.sqrt() + eps)
+
+
+def appo_loss_torch(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, entropy: torch.Tensor,
+              new_values: torch.Tensor, old_values: torch.Tensor, value_targets: torch.Tensor,
+              advantages: torch.Tensor, valid: torch.Tensor, clip_ratio: float, value_coef: float,
+              entropy_coef: float, value_clip: Optional[float] = None,
+              normalize_adv: bool = True) -> LossOutput:
+    valid_mean = _ValidMean(valid.bool(), new_log_probs.dtype)
+    adv = normalize_advantages(advantages, valid, valid_mean=valid_mean) if normalize_adv else advantages
+    log_ratio = new_log_probs - old_log_probs
+    ratio = torch.exp(log_ratio)
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio) * adv)
+    policy_loss = -valid_mean(surrogate)
+
+    value_err = (new_values - value_targets) ** 2
+    if value_clip is not None:
+        clipped = old_values + torch.clamp(new_values - old_values, -value_clip, value_clip)
+        value_err = torch.maximum(value_err, (clipped - value_targets) ** 2)
+    value_loss = valid_mean(value_err)
+
+    mean_entropy = valid_mean(entropy)
+    loss = policy_loss + value_coef * value_loss - entropy_coef * mean_entropy
+    with torch.no_grad():
+        approx_kl = valid_mean((ratio - 1.0) - log_ratio)
+        clip_fraction = valid_mean(((ratio - 1.0).abs() > clip_ratio).to(ratio.dtype))
+    return LossOutput(loss, policy_loss.detach(), value_loss.detach(), mean_entropy.detach(), approx_kl, clip_fraction)
 
 
 def appo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, entropy: torch.Tensor,
               new_values: torch.Tensor, old_values: torch.Tensor, value_targets: torch.Tensor,
               advantages: torch.Tensor, valid: torch.Tensor, clip_ratio: float, value_coef: float,
               entropy_coef: float, value_clip: Optional[float] = None,
-              normalize_adv: bool = True) -> LossOutput:
-    valid = valid.bool()
-    adv = normalize_advantages(advantages, valid) if normalize_adv else advantages
-    log_ratio = new_log_probs - old_log_probs
-    ratio = torch.exp(log_ratio)
-    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio) * adv)
-    policy_loss = -masked_mean(surrogate, valid)
+              normalize_adv: bool = True, native: bool = True) -> LossOutput:
+    """The loss over the valid samples; differentiable in new_log_probs, entropy and new_values."""
+    args = (new_log_probs, old_log_probs, entropy, new_values, old_values, value_targets, advantages, valid)
+    if native and _native is not None and _native_fits(*args):
+        stats = torch.empty(6, dtype=torch.float64)
+        coefs = (float(clip_ratio), float(value_coef), float(entropy_coef),
+                 None if value_clip is None else float(value_clip), bool(normalize_adv))
+        loss = _NativeLoss.apply(new_log_probs, entropy, new_values, args, coefs, stats)
+        _, policy_loss, value_loss, mean_entropy, approx_kl, clip_fraction = stats.unbind()
+        return LossOutput(loss, policy_loss, value_loss, mean_entropy, approx_kl, clip_fraction)
+    return appo_loss_torch(*args, clip_ratio, value_coef, entropy_coef, value_clip, normalize_adv)
 
-    value_err = (new_values - value_targets) ** 2
-    if value_clip is not None:
-        clipped = old_values + torch.clamp(new_values - old_values, -value_clip, value_clip)
-        value_err = torch.maximum(value_err, (clipped - value_targets) ** 2)
-    value_loss = masked_mean(value_err, valid)
 
-    mean_entropy = masked_mean(entropy, valid)
-    loss = policy_loss + value_coef * value_loss - entropy_coef * mean_entropy
-    with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1.0) - log_ratio, valid)
-        clip_fraction = masked_mean(((ratio - 1.0).abs() > clip_ratio).float(), valid)
-    return LossOutput(loss, policy_loss.detach(), value_loss.detach(), mean_entropy.detach(), approx_kl, clip_fraction)
+def _native_fits(new_log_probs, old_log_probs, entropy, new_values, old_values, value_targets, advantages,
+                 valid) -> bool:
+    """CPU tensors of one float dtype, gradients wanted for the first kind only. Element counts
+    are the C++ side's check: a mismatch there is an error, where torch would broadcast."""
+    dtype = new_log_probs.dtype
+    differentiated = (new_log_probs, entropy, new_values)
+    data = (old_log_probs, old_values, value_targets, advantages)
+    return (dtype in (torch.float32, torch.float64) and valid.is_cpu
+            and all(x.dtype == dtype and x.is_cpu for x in differentiated)
+            and all(x.dtype == dtype and x.is_cpu and not x.requires_grad for x in data))
+
+
+class _NativeLoss(torch.autograd.Function):
+    """The C++ pass writes the gradient with the loss, so backward only scales it by d(out)/d(loss)."""
+
+    @staticmethod
+    def forward(ctx, new_log_probs, entropy, new_values, args, coefs, stats):
+        floats = [x.detach().contiguous() for x in args[:7]]
+        valid = args[7].to(torch.bool).contiguous()
+        grads = torch.empty((3, new_log_probs.numel()), dtype=new_log_probs.dtype)
+        _native.appo_loss(*(x.numpy() for x in floats), valid.numpy(), grads.numpy(), stats.numpy(), *coefs)
+        ctx.grads = grads
+        ctx.shapes = (new_log_probs.shape, entropy.shape, new_values.shape)
+        return stats[0].to(new_log_probs.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grads = ctx.grads * grad_loss
+        return (*(g.view(shape) for g, shape in zip(grads, ctx.shapes)), None, None, None)

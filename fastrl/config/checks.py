@@ -82,6 +82,9 @@ def check_config(cfg: Config) -> list[str]:
     if a.native_vtrace and fastrl_ext._vtrace is None:
         problems.append(f"algo.native_vtrace=true but fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}): "
                         "reinstall with a C++ compiler (pip install -e .), or set algo.native_vtrace=false")
+    if a.native_loss and fastrl_ext._appo_loss is None:
+        problems.append(f"algo.native_loss=true but fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}): "
+                        "reinstall with a C++ compiler (pip install -e .), or set algo.native_loss=false")
     if a.lr_decay_env_steps is not None:
         if a.lr_schedule != "linear":
             problems.append(f"algo.lr_decay_env_steps={a.lr_decay_env_steps} only applies to algo.lr_schedule=linear, "

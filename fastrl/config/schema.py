@@ -70,6 +70,9 @@ class AlgoConfig:
     native_vtrace: bool = opt(
         True, "Compute V-trace's targets in fastrl_ext's C++ loop when the batch is on the CPU (the torch version's "
         "per-time-step Python loop costs ~1 ms a minibatch); false runs the torch reference (same math).")
+    native_loss: bool = opt(
+        True, "Compute the APPO loss and its gradient in fastrl_ext's C++ loop when the batch is on the CPU (one call "
+        "instead of ~75 small torch ops per minibatch); false runs the torch reference (same math).")
     clip_ratio: float = opt(0.1, "PPO clip epsilon of the surrogate objective.")
     value_coef: float = opt(0.5, "Weight of the value loss.")
     value_clip: Optional[float] = opt(None, "If set, clip the value prediction to +-this around the behaviour value.")

@@ -15,35 +15,14 @@
 // rewards [T, B]; values [T + 1, B]; terminated, truncated [T, B] bool; vs and pg_advantages [T, B]
 // are written. All float arrays share one dtype, float32 or float64, and the math runs in it, in
 // the same order of operations as the torch version.
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "buffer_view.h"
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 namespace {
 
-// A C-contiguous buffer held for the duration of one call.
-struct View {
-    Py_buffer buf{};
-    bool held = false;
-    ~View() {
-        if (held) PyBuffer_Release(&buf);
-    }
-    bool get(PyObject* obj, bool writable, const char* name) {
-        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-        if (PyObject_GetBuffer(obj, &buf, flags) != 0) {
-            PyErr_Format(PyExc_TypeError, "vtrace: %s must be a C-contiguous%s buffer", name,
-                         writable ? " writable" : "");
-            return false;
-        }
-        held = true;
-        return true;
-    }
-    char kind() const { return buf.format ? buf.format[std::strlen(buf.format) - 1] : 'B'; }
-    Py_ssize_t dim(int i) const { return buf.ndim > i ? buf.shape[i] : -1; }
-};
+using View = fastrl_ext::BufferView;
 
 template <typename F>
 void run(const F* log_ratios, const F* rewards, const F* values, const bool* terminated, const bool* truncated,
@@ -87,7 +66,7 @@ PyObject* py_vtrace(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const char* names[7] = {"log_ratios", "rewards", "values", "terminated", "truncated", "vs_out", "adv_out"};
     View v[7];
     for (int k = 0; k < 7; ++k) {
-        if (!v[k].get(args[k], k >= 5, names[k])) return nullptr;
+        if (!v[k].get(args[k], k >= 5, "vtrace", names[k])) return nullptr;
     }
     double scalars[4];
     for (int k = 0; k < 4; ++k) {

@@ -1,0 +1,39 @@
+// fastrl_ext: a C-contiguous buffer (a numpy view of a CPU tensor) held for the duration of one call.
+// Shared by the learner's native pieces (vtrace.cpp, appo_loss.cpp), which take their arrays through
+// the buffer protocol without copies.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstring>
+
+namespace fastrl_ext {
+
+struct BufferView {
+    Py_buffer buf{};
+    bool held = false;
+    BufferView() = default;
+    BufferView(const BufferView&) = delete;
+    BufferView& operator=(const BufferView&) = delete;
+    ~BufferView() {
+        if (held) PyBuffer_Release(&buf);
+    }
+    // `caller` and `name` go into the TypeError, e.g. "vtrace: rewards must be a C-contiguous buffer"
+    bool get(PyObject* obj, bool writable, const char* caller, const char* name) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(obj, &buf, flags) != 0) {
+            PyErr_Format(PyExc_TypeError, "%s: %s must be a C-contiguous%s buffer", caller, name,
+                         writable ? " writable" : "");
+            return false;
+        }
+        held = true;
+        return true;
+    }
+    // the struct-module type code: 'f' float32, 'd' float64, '?' bool
+    char kind() const { return buf.format ? buf.format[std::strlen(buf.format) - 1] : 'B'; }
+    Py_ssize_t dim(int i) const { return buf.ndim > i ? buf.shape[i] : -1; }
+    Py_ssize_t items() const { return buf.itemsize > 0 ? buf.len / buf.itemsize : 0; }
+};
+
+}  // namespace fastrl_ext

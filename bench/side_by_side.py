@@ -4,7 +4,8 @@
         --before model.precision=fp32 --before system.native_rings=false --rounds 2 --seconds 20
 
 `--before` overrides make the "before" variant; "after" is the preset as shipped (plus any
-`--after` overrides). Each round runs `fastrl bench` on before, then after; the table shows the
+`--after` overrides). `--before-tree DIR` runs the before variant from another copy of the code
+(say an older commit checked out there, with its fastrl_ext built), for a change no switch turns off. Each round runs `fastrl bench` on before, then after; the table shows the
 median over rounds of each stage's rate (sample and train: over the whole measurement), and
 after/before.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,7 +27,12 @@ RATE_KEYS = {"env": "env_steps_per_s", "infer": "samples_per_s", "learn": "sampl
              "sample": "env_steps_per_s", "train": "env_steps_per_s"}
 
 
-def run_bench(config: str, overrides: list, seconds: int, stages: list) -> dict:
+def run_bench(config: str, overrides: list, seconds: int, stages: list, tree: str | None = None) -> dict:
+    """One `fastrl bench` run; from the code in `tree` (its own fastrl and fastrl_ext) when given."""
+    env = None
+    if tree is not None:
+        env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
+        config = str(Path(config).resolve())
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         cmd = [sys.executable, "-m", "fastrl.cli", "bench", "--config", config, "--seconds", str(seconds),
@@ -34,7 +41,7 @@ def run_bench(config: str, overrides: list, seconds: int, stages: list) -> dict:
             cmd += ["--set", o]
         for s in stages:
             cmd += ["--stage", s]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=tree, env=env)
         return json.loads(out.read_text())
 
 
@@ -55,6 +62,7 @@ def main() -> None:
     parser.add_argument("--config", required=True)
     parser.add_argument("--before", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--after", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--before-tree", metavar="DIR", help="run the before variant from the code in DIR")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--stage", action="append", default=[], help="stages to run (default: all)")
@@ -62,11 +70,12 @@ def main() -> None:
     args = parser.parse_args()
     runs: dict[str, list] = {"before": [], "after": []}
     for _ in range(args.rounds):
-        for name, overrides in (("before", args.before), ("after", args.after)):
-            runs[name].append(run_bench(args.config, overrides, args.seconds, args.stage))
+        for name, overrides, tree in (("before", args.before, args.before_tree), ("after", args.after, None)):
+            runs[name].append(run_bench(args.config, overrides, args.seconds, args.stage, tree))
     rows = {name: [summary_row(d) for d in docs] for name, docs in runs.items()}
     keys = [k for k in rows["after"][0] if rows["after"][0][k] is not None]
-    print(f"{args.config}: before = {' '.join(args.before) or 'preset'}; after = {' '.join(args.after) or 'preset'}; "
+    before = " ".join(([f"code in {args.before_tree}"] if args.before_tree else []) + args.before) or "preset"
+    print(f"{args.config}: before = {before}; after = {' '.join(args.after) or 'preset'}; "
           f"{args.rounds} round(s) of {args.seconds} s stages")
     print(f"{'':34}{'before':>12}{'after':>12}{'after/before':>14}")
     medians = {}

@@ -1,0 +1,103 @@
+"""Where the learner's time goes per optimizer step, by phase, at a preset's sizes (1 process, no workers).
+
+    python bench/profile_learner.py --config configs/cartpole.yaml [--set algo.native_loss=false] [--seconds 10]
+
+Trains the preset's network with its optimizer settings on `fastrl bench`'s synthetic batch (the
+learn stage's), wrapping each phase of `APPOTrainer.train` in a timer: the network's forward, the
+distribution's log-prob and entropy, V-trace, the loss, backward, gradient clipping, Adam; "other"
+is the rest of the loop (minibatch gathers, statistics, the generator). Figures are wall
+microseconds per optimizer step, medians over batches; the learner's torch threads as configured.
+Timings on 2 shared cores drift by 20% between processes: compare variants in one run of this
+script only through `--set`, or with `fastrl bench`'s learn stage via bench/side_by_side.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+import fastrl.algo.appo as appo
+from fastrl.bench.components import synthetic_batch
+from fastrl.config.hardware import resolve_auto
+from fastrl.config.loader import load_config
+from fastrl.envs.spec import resolve_env
+from fastrl.workers.learner import build_learner_model
+
+PHASES = ("forward", "log_prob", "entropy", "vtrace", "loss", "backward", "clip", "adam")
+
+
+def timed(spent: dict, phase: str, fn):
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[phase] += time.perf_counter() - started
+    return wrapper
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    cfg = resolve_auto(load_config(args.config, args.overrides))
+    spec = resolve_env(cfg.env)
+    torch.set_num_threads(cfg.system.learner_threads)
+    torch.manual_seed(cfg.run.seed)
+    trainer = appo.APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag)
+    batch = synthetic_batch(cfg, spec)
+
+    spent: dict[str, float] = defaultdict(float)
+    model, optimizer = trainer.model, trainer.optimizer
+    model.forward = timed(spent, "forward", model.forward)
+    model.log_prob = timed(spent, "log_prob", model.log_prob)
+    model.entropy = timed(spent, "entropy", model.entropy)
+    optimizer.step = timed(spent, "adam", optimizer.step)
+    # the trainer looks these up in its module at call time
+    originals = {name: getattr(appo, name) for name in ("vtrace", "appo_loss", "clip_grad_norm")}
+    appo.vtrace = timed(spent, "vtrace", originals["vtrace"])
+    appo.appo_loss = timed(spent, "loss", originals["appo_loss"])
+    appo.clip_grad_norm = timed(spent, "clip", originals["clip_grad_norm"])
+    backward = torch.Tensor.backward
+    torch.Tensor.backward = timed(spent, "backward", backward)
+
+    steps_per_batch = cfg.algo.num_epochs * cfg.algo.num_minibatches
+    per_batch: list[dict] = []
+    try:
+        for _ in range(3):  # warm-up: allocator, first-call paths
+            batch["policy_version"].fill_(trainer.policy_version)
+            trainer.train(batch)
+        started = time.perf_counter()
+        while time.perf_counter() - started < args.seconds:
+            spent.clear()
+            t0 = time.perf_counter()
+            batch["policy_version"].fill_(trainer.policy_version)
+            trainer.train(batch)
+            total = time.perf_counter() - t0
+            row = {p: spent[p] for p in PHASES}
+            row["other"] = total - sum(row.values())
+            row["total"] = total
+            per_batch.append(row)
+    finally:
+        torch.Tensor.backward = backward
+        for name, fn in originals.items():
+            setattr(appo, name, fn)
+
+    print(f"{args.config} {' '.join(args.overrides)}: {cfg.algo.batch_size} samples x {cfg.algo.num_epochs} epoch(s) "
+          f"in {cfg.algo.num_minibatches} minibatches ({cfg.algo.minibatch_unit}), {cfg.system.learner_threads} "
+          f"thread(s); {len(per_batch)} batches")
+    print(f"{'phase':<10}{'us per optimizer step':>24}{'share':>8}")
+    total = statistics.median(r["total"] for r in per_batch)
+    for phase in (*PHASES, "other", "total"):
+        us = statistics.median(r[phase] for r in per_batch) / steps_per_batch * 1e6
+        print(f"{phase:<10}{us:>24,.0f}{us / (total / steps_per_batch * 1e6):>8.0%}")
+
+
+if __name__ == "__main__":
+    main()

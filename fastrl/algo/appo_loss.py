@@ -52,10 +52,11 @@ def normalize_advantages(adv: torch.Tensor, valid: torch.Tensor, eps: float = 1e
 
 
 def appo_loss_torch(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, entropy: torch.Tensor,
-              new_values: torch.Tensor, old_values: torch.Tensor, value_targets: torch.Tensor,
-              advantages: torch.Tensor, valid: torch.Tensor, clip_ratio: float, value_coef: float,
-              entropy_coef: float, value_clip: Optional[float] = None,
-              normalize_adv: bool = True) -> LossOutput:
+                    new_values: torch.Tensor, old_values: torch.Tensor, value_targets: torch.Tensor,
+                    advantages: torch.Tensor, valid: torch.Tensor, clip_ratio: float, value_coef: float,
+                    entropy_coef: float, value_clip: Optional[float] = None,
+                    normalize_adv: bool = True) -> LossOutput:
+    """The reference: autograd through plain torch ops (and the path for GPU tensors)."""
     valid_mean = _ValidMean(valid.bool(), new_log_probs.dtype)
     adv = normalize_advantages(advantages, valid, valid_mean=valid_mean) if normalize_adv else advantages
     log_ratio = new_log_probs - old_log_probs
@@ -82,7 +83,9 @@ def appo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, entropy:
               advantages: torch.Tensor, valid: torch.Tensor, clip_ratio: float, value_coef: float,
               entropy_coef: float, value_clip: Optional[float] = None,
               normalize_adv: bool = True, native: bool = True) -> LossOutput:
-    """The loss over the valid samples; differentiable in new_log_probs, entropy and new_values."""
+    """The loss over the valid samples; differentiable in new_log_probs, entropy and new_values.
+    On the native path the five statistics are float64 views of one buffer (the reference's are
+    float32 tensors); the learner reads them with float()."""
     args = (new_log_probs, old_log_probs, entropy, new_values, old_values, value_targets, advantages, valid)
     if native and _native is not None and _native_fits(*args):
         stats = torch.empty(6, dtype=torch.float64)

@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from fastrl.algo.native import cpu_floats_of_one_dtype
 from fastrl_ext import _appo_loss as _native
 
 
@@ -42,9 +43,7 @@ class _ValidMean:
         return torch.dot(x.reshape(-1), weights) / self.count
 
 
-def normalize_advantages(adv: torch.Tensor, valid: torch.Tensor, eps: float = 1e-8,
-                         valid_mean: _ValidMean | None = None) -> torch.Tensor:
-    mean_of = valid_mean or _ValidMean(valid.bool(), adv.dtype)
+def normalize_advantages(adv: torch.Tensor, mean_of: _ValidMean, eps: float = 1e-8) -> torch.Tensor:
     mean = mean_of(adv)
     centred = adv - mean
     var = mean_of(centred * centred)
@@ -58,7 +57,7 @@ def appo_loss_torch(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, en
                     normalize_adv: bool = True) -> LossOutput:
     """The reference: autograd through plain torch ops (and the path for GPU tensors)."""
     valid_mean = _ValidMean(valid.bool(), new_log_probs.dtype)
-    adv = normalize_advantages(advantages, valid, valid_mean=valid_mean) if normalize_adv else advantages
+    adv = normalize_advantages(advantages, valid_mean) if normalize_adv else advantages
     log_ratio = new_log_probs - old_log_probs
     ratio = torch.exp(log_ratio)
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio) * adv)
@@ -87,7 +86,10 @@ def appo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, entropy:
     On the native path the five statistics are float64 views of one buffer (the reference's are
     float32 tensors); the learner reads them with float()."""
     args = (new_log_probs, old_log_probs, entropy, new_values, old_values, value_targets, advantages, valid)
-    if native and _native is not None and _native_fits(*args):
+    # gradients come back for new_log_probs, entropy and new_values only, so a data tensor that wants
+    # one goes to torch; element counts are the C++ side's check (an error where torch would broadcast)
+    if (native and _native is not None and cpu_floats_of_one_dtype(*args[:7]) and valid.is_cpu
+            and not any(x.requires_grad for x in (old_log_probs, old_values, value_targets, advantages))):
         stats = torch.empty(6, dtype=torch.float64)
         coefs = (float(clip_ratio), float(value_coef), float(entropy_coef),
                  None if value_clip is None else float(value_clip), bool(normalize_adv))
@@ -95,18 +97,6 @@ def appo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, entropy:
         _, policy_loss, value_loss, mean_entropy, approx_kl, clip_fraction = stats.unbind()
         return LossOutput(loss, policy_loss, value_loss, mean_entropy, approx_kl, clip_fraction)
     return appo_loss_torch(*args, clip_ratio, value_coef, entropy_coef, value_clip, normalize_adv)
-
-
-def _native_fits(new_log_probs, old_log_probs, entropy, new_values, old_values, value_targets, advantages,
-                 valid) -> bool:
-    """CPU tensors of one float dtype, gradients wanted for the first kind only. Element counts
-    are the C++ side's check: a mismatch there is an error, where torch would broadcast."""
-    dtype = new_log_probs.dtype
-    differentiated = (new_log_probs, entropy, new_values)
-    data = (old_log_probs, old_values, value_targets, advantages)
-    return (dtype in (torch.float32, torch.float64) and valid.is_cpu
-            and all(x.dtype == dtype and x.is_cpu for x in differentiated)
-            and all(x.dtype == dtype and x.is_cpu and not x.requires_grad for x in data))
 
 
 class _NativeLoss(torch.autograd.Function):

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from fastrl.algo.native import cpu_floats_of_one_dtype
 from fastrl_ext import _vtrace as _native
 
 
@@ -33,7 +34,8 @@ def vtrace(log_ratios: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor
            truncated: torch.Tensor, gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0,
            lam: float = 1.0, native: bool = True) -> VTraceReturns:
     """log_ratios = log pi(a_t|x_t) - log mu(a_t|x_t); values = V(x_0..x_T) under the learner's network."""
-    if native and _native is not None and _native_fits(log_ratios, rewards, values):
+    if (native and _native is not None and cpu_floats_of_one_dtype(log_ratios, rewards, values)
+            and terminated.is_cpu and truncated.is_cpu):
         flags = terminated.to(torch.bool).contiguous(), truncated.to(torch.bool).contiguous()
         inputs = [x.contiguous() for x in (log_ratios, rewards, values)]
         vs, adv = torch.empty_like(inputs[1]), torch.empty_like(inputs[1])
@@ -41,11 +43,6 @@ def vtrace(log_ratios: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor
                        float(c_bar), float(lam))
         return VTraceReturns(vs, adv)
     return vtrace_torch(log_ratios, rewards, values, terminated, truncated, gamma, rho_bar, c_bar, lam)
-
-
-def _native_fits(*floats: torch.Tensor) -> bool:
-    dtype = floats[0].dtype
-    return dtype in (torch.float32, torch.float64) and all(x.device.type == "cpu" and x.dtype == dtype for x in floats)
 
 
 @torch.no_grad()

@@ -21,7 +21,6 @@
 #include "buffer_view.h"
 
 #include <cmath>
-#include <initializer_list>
 
 namespace {
 
@@ -153,33 +152,22 @@ PyObject* py_appo_loss(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         PyErr_Format(PyExc_ValueError, "appo_loss: grads_out must hold 3 x %zd elements", N);
         return nullptr;
     }
-    if (v[7].kind() != '?') {
-        PyErr_SetString(PyExc_TypeError, "appo_loss: valid must be bool");
-        return nullptr;
-    }
+    if (!fastrl_ext::all_bool(v, {7}, "appo_loss", names)) return nullptr;
     if (v[9].kind() != 'd' || v[9].items() != 6) {
         PyErr_SetString(PyExc_TypeError, "appo_loss: stats_out must be 6 float64");
         return nullptr;
     }
-    const char kind = v[0].kind();
-    for (int k : {1, 2, 3, 4, 5, 6, 8}) {
-        if (v[k].kind() != kind) {
-            PyErr_SetString(PyExc_TypeError, "appo_loss: the float arrays must share one dtype");
-            return nullptr;
-        }
-    }
+    const char kind = fastrl_ext::shared_float_kind(v, {0, 1, 2, 3, 4, 5, 6, 8}, "appo_loss");
+    if (!kind) return nullptr;
     auto ptr = [&](int k) { return v[k].buf.buf; };
     const bool* valid = static_cast<const bool*>(ptr(7));
     double* stats = static_cast<double*>(ptr(9));
     if (kind == 'f') {
         auto f = [&](int k) { return static_cast<const float*>(ptr(k)); };
         run<float>(f(0), f(1), f(2), f(3), f(4), f(5), f(6), valid, static_cast<float*>(ptr(8)), stats, N, c);
-    } else if (kind == 'd') {
+    } else {
         auto d = [&](int k) { return static_cast<const double*>(ptr(k)); };
         run<double>(d(0), d(1), d(2), d(3), d(4), d(5), d(6), valid, static_cast<double*>(ptr(8)), stats, N, c);
-    } else {
-        PyErr_SetString(PyExc_TypeError, "appo_loss: float32 or float64 arrays only");
-        return nullptr;
     }
     Py_RETURN_NONE;
 }

@@ -1,12 +1,13 @@
 // fastrl_ext: a C-contiguous buffer (a numpy view of a CPU tensor) held for the duration of one call.
 // Shared by the learner's native pieces (vtrace.cpp, appo_loss.cpp), which take their arrays through
-// the buffer protocol without copies.
+// the buffer protocol without copies, with the dtype checks both make before dispatching on float/double.
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <cstring>
+#include <initializer_list>
 
 namespace fastrl_ext {
 
@@ -35,5 +36,34 @@ struct BufferView {
     Py_ssize_t dim(int i) const { return buf.ndim > i ? buf.shape[i] : -1; }
     Py_ssize_t items() const { return buf.itemsize > 0 ? buf.len / buf.itemsize : 0; }
 };
+
+// The float dtype the views at `floats` share, 'f' (float32) or 'd' (float64); 0 with a TypeError set
+// when they differ or are neither.
+inline char shared_float_kind(const BufferView* views, std::initializer_list<int> floats, const char* caller) {
+    const char kind = views[*floats.begin()].kind();
+    for (int k : floats) {
+        if (views[k].kind() != kind) {
+            PyErr_Format(PyExc_TypeError, "%s: the float arrays must share one dtype", caller);
+            return 0;
+        }
+    }
+    if (kind != 'f' && kind != 'd') {
+        PyErr_Format(PyExc_TypeError, "%s: float32 or float64 arrays only", caller);
+        return 0;
+    }
+    return kind;
+}
+
+// Whether the views at `flags` are bool arrays; a TypeError naming the first that is not, otherwise.
+inline bool all_bool(const BufferView* views, std::initializer_list<int> flags, const char* caller,
+                     const char* const* names) {
+    for (int k : flags) {
+        if (views[k].kind() != '?') {
+            PyErr_Format(PyExc_TypeError, "%s: %s must be bool", caller, names[k]);
+            return false;
+        }
+    }
+    return true;
+}
 
 }  // namespace fastrl_ext

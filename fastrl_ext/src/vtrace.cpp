@@ -85,19 +85,9 @@ PyObject* py_vtrace(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
             return nullptr;
         }
     }
-    for (int k : {3, 4}) {
-        if (v[k].kind() != '?') {
-            PyErr_Format(PyExc_TypeError, "vtrace: %s must be bool", names[k]);
-            return nullptr;
-        }
-    }
-    const char kind = v[0].kind();
-    for (int k : {1, 2, 5, 6}) {
-        if (v[k].kind() != kind) {
-            PyErr_SetString(PyExc_TypeError, "vtrace: the float arrays must share one dtype");
-            return nullptr;
-        }
-    }
+    if (!fastrl_ext::all_bool(v, {3, 4}, "vtrace", names)) return nullptr;
+    const char kind = fastrl_ext::shared_float_kind(v, {0, 1, 2, 5, 6}, "vtrace");
+    if (!kind) return nullptr;
     auto ptr = [&](int k) { return v[k].buf.buf; };
     auto flag = [&](int k) { return static_cast<const bool*>(ptr(k)); };
     if (kind == 'f') {
@@ -105,13 +95,10 @@ PyObject* py_vtrace(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                    static_cast<const float*>(ptr(2)), flag(3), flag(4), static_cast<float*>(ptr(5)),
                    static_cast<float*>(ptr(6)), T, B, static_cast<float>(scalars[0]), static_cast<float>(scalars[1]),
                    static_cast<float>(scalars[2]), static_cast<float>(scalars[3]));
-    } else if (kind == 'd') {
+    } else {
         run<double>(static_cast<const double*>(ptr(0)), static_cast<const double*>(ptr(1)),
                     static_cast<const double*>(ptr(2)), flag(3), flag(4), static_cast<double*>(ptr(5)),
                     static_cast<double*>(ptr(6)), T, B, scalars[0], scalars[1], scalars[2], scalars[3]);
-    } else {
-        PyErr_SetString(PyExc_TypeError, "vtrace: float32 or float64 arrays only");
-        return nullptr;
     }
     Py_RETURN_NONE;
 }

@@ -5,10 +5,7 @@ import warnings
 # envpool declares float64 Box bounds that gymnasium then warns about on every env creation
 warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
 
-from fastrl.envs import faults
 from fastrl.envs.spec import EnvError, EnvSpec, resolve_env
 from fastrl.envs.vector import Step, make_split
-
-faults.register()  # fastrl/Faulty-v0: available in every process that steps envs
 
 __all__ = ["EnvError", "EnvSpec", "Step", "make_split", "resolve_env"]

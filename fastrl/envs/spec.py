@@ -44,10 +44,20 @@ def envpool_ids(env_id: str | None = None) -> list[str]:
     return list(load_envpool(env_id).list_all_envs())
 
 
-def gymnasium_ids() -> list[str]:
+def gymnasium_with_fastrl_envs():
+    """gymnasium, with fastrl's own test env (fastrl/Faulty-v0) registered. Imported only where
+    gymnasium envs are looked up or made: a process that never does (an inference worker or the
+    learner, ~0.2 CPU-s on the path to the first sample) does not load it."""
     import gymnasium as gym
 
-    return list(gym.envs.registry.keys())
+    from fastrl.envs import faults
+
+    faults.register()
+    return gym
+
+
+def gymnasium_ids() -> list[str]:
+    return list(gymnasium_with_fastrl_envs().envs.registry.keys())
 
 
 def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_per_env_step: int) -> EnvSpec:
@@ -100,9 +110,7 @@ def resolve_env(env_cfg: EnvConfig) -> EnvSpec:
             spec = _spec_from_spaces(env_cfg.id, backend, probe.observation_space, probe.action_space, frames)
             probe.close()
             return spec
-        import gymnasium as gym
-
-        probe = gym.make(env_cfg.id, **env_cfg.kwargs)
+        probe = gymnasium_with_fastrl_envs().make(env_cfg.id, **env_cfg.kwargs)
         spec = _spec_from_spaces(env_cfg.id, backend, probe.observation_space, probe.action_space, 1)
         probe.close()
         return spec

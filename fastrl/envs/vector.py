@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastrl.config.schema import EnvConfig
-from fastrl.envs.spec import EnvSpec
+from fastrl.envs.spec import EnvSpec, gymnasium_with_fastrl_envs
 
 
 @dataclass
@@ -139,8 +139,7 @@ class GymnasiumSplit:
     """gymnasium envs stepped in this process; for ids envpool does not have."""
 
     def __init__(self, env_cfg: EnvConfig, spec: EnvSpec, num_envs: int, num_threads: int, seed: int):
-        import gymnasium as gym
-
+        gym = gymnasium_with_fastrl_envs()
         self.num_envs = num_envs
         self._seed = seed
         self._env = gym.vector.SyncVectorEnv([lambda: gym.make(spec.env_id, **env_cfg.kwargs)] * num_envs,

@@ -8,10 +8,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from fastrl.buffers import SharedWeights, ShmAllocator, remove_stale_segments
 from fastrl.buffers.shm import SHM_DIR, ShmArray
+from fastrl.buffers.weights import state_layout
 
 
 def test_segments_are_owner_only_and_unlinked():
@@ -72,3 +74,42 @@ def test_weights_roundtrip_and_torn_read_detection():
         assert weights.try_read(staging) is None
     finally:
         alloc.unlink_all()
+
+
+def _attach_in_child(header_only: SharedWeights, result):
+    """A process spawned holding only the header, as an inference worker of a fresh run is."""
+    import time
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    deadline = time.monotonic() + 30
+    while not header_only.attach(module) or not header_only.is_published:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    staging = header_only.new_staging()
+    result[0] = header_only.try_read(staging)
+    header_only.load_into(module, staging)
+    result[1] = float(sum(p.sum() for p in module.state_dict().values()))
+
+
+def test_weights_reserved_first_are_attached_by_a_process_holding_only_the_header():
+    alloc = ShmAllocator()
+    try:
+        src = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        reserved = SharedWeights.reserve(alloc)
+        assert not reserved.is_complete and not reserved.is_published
+        assert not reserved.attach(src)  # no data block yet
+        result = mp.get_context("spawn").Array("d", 2)
+        p = mp.get_context("spawn").Process(target=_attach_in_child, args=(reserved, result))
+        p.start()
+        complete = reserved.complete(alloc, state_layout(src))
+        assert not reserved.is_complete and complete.is_complete  # the handle given to later processes
+        complete.publish(src, version=0)
+        p.join(60)
+        assert p.exitcode == 0
+        assert result[0] == 0
+        assert result[1] == pytest.approx(float(sum(t.sum() for t in src.state_dict().values())), rel=1e-6)
+        with pytest.raises(RuntimeError, match="different configs"):
+            SharedWeights(reserved.header, None, None, reserved.data_name).attach(torch.nn.Linear(4, 3))
+    finally:
+        alloc.unlink_all()
+    assert not list(SHM_DIR.glob(alloc.prefix + "*"))

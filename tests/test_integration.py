@@ -24,6 +24,10 @@ def test_short_run_trains_checkpoints_and_cleans_up(tmp_path):
                      "--set", "sampler.num_inference_workers=1", runs_dir=tmp_path)
     assert run.wait_for("return(last 100)", 60), run.output
     names = run.wait_for_child_names({"fastrl-learner", "fastrl-inferen", "fastrl-rollout"}, 60)
+    # inference worker 0 built the starting network: the runner has not loaded torch (~2 CPU-s and
+    # ~100 MB), not even for TensorBoard, whose writer exists by the first progress line
+    with open(f"/proc/{run.proc.pid}/maps") as maps:
+        assert "libtorch" not in maps.read()
     assert run.wait(120) == 0, run.output
     # `top` shows these (the kernel keeps 15 characters of a process name)
     assert {"fastrl-learner", "fastrl-inferen", "fastrl-rollout"} <= {n[:14] for n in names}, names
@@ -35,8 +39,13 @@ def test_short_run_trains_checkpoints_and_cleans_up(tmp_path):
     log = (run.run_dir / "train.log").read_text()
     for name in ("fastrl-learner", "fastrl-inference-0", "fastrl-rollout-0", "fastrl-rollout-1"):
         assert f"{name} INFO started" in log and f"{name} INFO stopped" in log
-    for name in ("fastrl-rollout-0", "fastrl-rollout-1"):  # one group at start, the other after its first slot
+    assert "fastrl-inference-0 INFO published the starting weights (version 0," in log
+    for name in ("fastrl-rollout-0", "fastrl-rollout-1"):  # one group at start, the other after a batch's slots
         assert f"{name} INFO 1 x 16 envs reset" in log and f"{name} INFO built the other 1 group(s)" in log
+    # the learner and the second rollout worker's envs wait for the first sample (they would slow it)
+    assert log.index("fastrl-learner INFO started") > log.index("first trajectory slot full")
+    assert re.search(r"fastrl-rollout-1 INFO waited [0-9.]+ s for the run's first sample before making envs\n", log)
+    assert "fastrl-rollout-0 INFO waited" not in log
     ckpts = sorted((run.run_dir / "checkpoints").glob("checkpoint_*.pt"))
     assert ckpts
     state = torch.load(ckpts[-1], weights_only=True)
@@ -111,12 +120,17 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     assert "fastrl-rollout-1 INFO started" in log and "fastrl-learner INFO started" in log
     acting_here = "sampler.num_inference_workers=1" not in overrides
     assert ("fastrl-inference-0 INFO started" in log) == (not acting_here), log
-    # niceness is relative to what the test itself runs at
+    # niceness is relative to what the test itself runs at; samplers start at the learner's and
+    # lower their priority once ready (their startup is the path to the first sample)
     started_nice = {name: int(n) for name, n in re.findall(r"(fastrl-\w+)(?:-0)? INFO started \(.*nice (\d+)", log)}
+    assert started_nice["fastrl-rollout"] == started_nice["fastrl-learner"], log
+    ready_nice = {name: int(n) for name, n in
+                  re.findall(r"(fastrl-\w+)-0 INFO (?:ready to act|\d+ x \d+ envs reset).*, nice (\d+)", log)}
     nice_variant = variant == "sample_minibatches_nice_samplers"
-    assert started_nice["fastrl-rollout"] == min(19, started_nice["fastrl-learner"] + (7 if nice_variant else 0)), log
+    assert ready_nice["fastrl-rollout"] == min(19, started_nice["fastrl-learner"] + (7 if nice_variant else 0)), log
     if nice_variant:
-        assert started_nice["fastrl-inference"] == min(19, started_nice["fastrl-learner"] + 3), log
+        assert started_nice["fastrl-inference"] == started_nice["fastrl-learner"], log
+        assert ready_nice["fastrl-inference"] == min(19, started_nice["fastrl-learner"] + 3), log
         # set in the learner before it loads torch, whose libgomp reads it once
         assert re.search(r"fastrl-learner INFO started \(.*torch loaded, OMP_WAIT_POLICY at exec PASSIVE\)", log), log
     # a rollout worker imports torch only to act itself with torch (~2.5 CPU-s per worker at startup)

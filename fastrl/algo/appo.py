@@ -40,8 +40,10 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
 
 
 class APPOTrainer:
-    def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int):
+    def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0):
         self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag
+        # minibatch order: its own stream, so a run's seed fixes it whatever else draws numbers
+        self.generator = torch.Generator().manual_seed(seed)
         self.trained_params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps)
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
@@ -115,7 +117,7 @@ class APPOTrainer:
                 return {k: v[:, idx] for k, v in needed.items()}
         per_mb = n // cfg.num_minibatches
         for _ in range(cfg.num_epochs):
-            order = torch.randperm(n)
+            order = torch.randperm(n, generator=self.generator)
             for i in range(cfg.num_minibatches):
                 yield take(order[i * per_mb:(i + 1) * per_mb]), loss
 

@@ -58,8 +58,12 @@ class ShmAllocator:
         self.prefix = f"{PREFIX}.{os.getpid()}.{secrets.token_hex(3)}"
         self.arrays: list[ShmArray] = []
 
+    def name_of(self, name: str) -> str:
+        """The segment name `array(name, ...)` creates (known before the segment exists)."""
+        return f"{self.prefix}.{name}"
+
     def array(self, name: str, shape: tuple, dtype) -> ShmArray:
-        arr = ShmArray(f"{self.prefix}.{name}", shape, dtype, create=True)
+        arr = ShmArray(self.name_of(name), shape, dtype, create=True)
         self.arrays.append(arr)
         return arr
 

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 # worker at startup on a 2-core box
 
 
+def layout_floats(layout: list[tuple[str, tuple, int]]) -> int:
+    return sum(int(np.prod(shape, dtype=np.int64)) for _, shape, _ in layout)
+
+
 def state_layout(module: torch.nn.Module) -> list[tuple[str, tuple, int]]:
     layout, offset = [], 0
     for name, tensor in module.state_dict().items():
@@ -33,16 +37,57 @@ def state_layout(module: torch.nn.Module) -> list[tuple[str, tuple, int]]:
 
 
 class SharedWeights:
-    def __init__(self, header: ShmArray, data: ShmArray, layout: list):
-        self.header, self.data, self.layout = header, data, layout
+    """The header exists from the start of a run; the data block once someone has built the model.
+
+    header: [seq, policy_version, num_floats]. num_floats is 0 until the runner has allocated the
+    data block (`complete`). On a fresh run with inference workers the runner does not load torch
+    before the first sample: inference worker 0 reports its model's layout, the runner allocates
+    the block for it, and processes spawned before that attach it with their own model's layout
+    (`attach`, which checks the sizes agree).
+    """
+
+    def __init__(self, header: ShmArray, data: ShmArray | None, layout: list | None, data_name: str):
+        self.header, self.data, self.layout, self.data_name = header, data, layout, data_name
+
+    @staticmethod
+    def reserve(alloc: ShmAllocator) -> "SharedWeights":
+        """The header alone: what processes spawned before the model exists are handed."""
+        header = alloc.array("weights_header", (3,), np.int64)
+        return SharedWeights(header, None, None, alloc.name_of("weights_data"))
+
+    def complete(self, alloc: ShmAllocator, layout: list) -> "SharedWeights":
+        """Runner: allocate the data block for `layout`; returns the complete handle (self is left as it was)."""
+        total = layout_floats(layout)
+        data = alloc.array("weights_data", (total,), np.float32)
+        self.header.array[2] = total  # readers holding only the header may attach from here on
+        return SharedWeights(self.header, data, layout, self.data_name)
 
     @staticmethod
     def allocate(alloc: ShmAllocator, module: torch.nn.Module) -> "SharedWeights":
+        return SharedWeights.reserve(alloc).complete(alloc, state_layout(module))
+
+    @property
+    def is_complete(self) -> bool:
+        return self.data is not None
+
+    def attach(self, module: torch.nn.Module) -> bool:
+        """Attach the data block, once the runner has allocated it, with `module`'s layout (a torch
+        process holding only the header). False while it does not exist yet."""
+        if self.data is not None:
+            return True
+        total = int(self.header.array[2])
+        if total == 0:
+            return False
         layout = state_layout(module)
-        total = sum(int(np.prod(shape, dtype=np.int64)) for _, shape, _ in layout)
-        header = alloc.array("weights_header", (2,), np.int64)  # [seq, policy_version]
-        data = alloc.array("weights_data", (total,), np.float32)
-        return SharedWeights(header, data, layout)
+        if layout_floats(layout) != total:
+            raise RuntimeError(f"published weights hold {total} floats, this process's model "
+                               f"{layout_floats(layout)}: the two were built from different configs")
+        self.data, self.layout = ShmArray(self.data_name, (total,), np.float32), layout
+        return True
+
+    @property
+    def is_published(self) -> bool:
+        return int(self.header.array[0]) > 0
 
     @property
     def version(self) -> int:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import importlib
 
-_LAZY = {"ActorCritic": "fastrl.models.actor_critic", "ObsNormalizer": "fastrl.models.normalizer"}
+_LAZY = {"ActorCritic": "fastrl.models.actor_critic", "seeded_model": "fastrl.models.actor_critic",
+         "ObsNormalizer": "fastrl.models.normalizer"}
 
-__all__ = ["ActorCritic", "ObsNormalizer"]
+__all__ = ["ActorCritic", "ObsNormalizer", "seeded_model"]
 
 
 def __getattr__(name: str):

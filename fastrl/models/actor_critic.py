@@ -126,3 +126,18 @@ class ActorCritic(nn.Module):
             log_p = torch.log_softmax(params, dim=-1)
             return -(log_p.exp() * log_p).sum(-1)
         return (self.log_std + 0.5 + LOG_SQRT_2PI).sum(-1).expand(params.shape[:-1])
+
+
+def seeded_model(spec: EnvSpec, cfg: ModelConfig, seed: int) -> ActorCritic:
+    """A run's starting network: the same weights for the same seed, whichever process builds it
+    (the runner, or the first inference worker) and however many torch threads it runs: the
+    orthogonal init's QR differs in the last bits between thread counts, so it runs on one. The
+    caller's global torch RNG and thread count are left as they were."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return ActorCritic(spec, cfg)
+    finally:
+        torch.set_num_threads(threads)

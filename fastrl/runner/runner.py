@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from fastrl.buffers import SharedControl, SharedWeights, ShmAllocator, TrajBuffers, remove_stale_segments
+from fastrl.buffers.weights import state_layout
 from fastrl.config.checks import envs_per_split, num_traj_buffers, rollout_workers_act
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
@@ -44,6 +45,8 @@ class Runner:
         self.interrupts = 0
         self.supervisor: Supervisor | None = None  # the child processes (None in serial mode)
         self.alloc = ShmAllocator()
+        self.ctx: WorkerContext | None = None  # grows: the weights' data block joins it once the network exists
+        self.writer = None  # TensorBoard; made at the first sample (it loads torch)
 
     def say(self, text: str) -> None:
         self.log.info(text)
@@ -66,12 +69,9 @@ class Runner:
         return {} if self.supervisor is None else self.supervisor.procs
 
     def _initial_model(self) -> tuple[ActorCritic, int, int]:
-        import torch  # ~1.2 CPU-s: by now rollout workers that do not act are already creating envs
+        from fastrl.models import seeded_model  # loads torch (~2 CPU-s): only when this process builds the network
 
-        from fastrl.models import ActorCritic
-
-        torch.manual_seed(self.cfg.run.seed)
-        model = ActorCritic(self.spec, self.cfg.model)
+        model = seeded_model(self.spec, self.cfg.model, self.cfg.run.seed)
         version = env_steps = 0
         if self.resume_checkpoint is not None:
             state = load_checkpoint(self.resume_checkpoint)
@@ -87,6 +87,8 @@ class Runner:
                     self.supervisor.note_error(msg["process"], msg["traceback"])
                 if msg["process"] == "fastrl-learner":
                     self.failure = self.failure or f"fastrl-learner crashed: {msg['traceback'].strip().splitlines()[-1]}"
+            elif msg["kind"] == "weights_layout":
+                self._complete_weights(msg["layout"])
             else:
                 if msg["kind"] == "learner":
                     self._log_learner(msg)
@@ -98,9 +100,9 @@ class Runner:
         self._learner_log.write(json.dumps(row) + "\n")
 
     def _setup_buffers(self) -> WorkerContext:
-        """Allocate the trajectory slots, the control block and the rings: all a rollout worker that
-        does not act needs. The weights come later (they need torch), so such workers can start
-        creating envs, the longest part of startup (~90 ms of CPU per Atari env), meanwhile."""
+        """Allocate the trajectory slots, the control block, the rings and the weights' header: all
+        a rollout worker that does not act, or an inference worker, needs to start. The weights'
+        data block comes later: it is sized by the network, and building that needs torch."""
         cfg = self.cfg
         num_slots = num_traj_buffers(cfg)
         bufs = TrajBuffers.allocate(self.alloc, self.spec, num_slots, cfg.sampler.rollout_len, envs_per_split(cfg))
@@ -110,16 +112,28 @@ class Runner:
                                      num_slots, cfg.sampler.num_splits, num_processes(cfg), cfg.system.native_rings)
         for slot in range(num_slots):  # dealt round-robin; the learner rebalances as it frees them
             channels.free_slots[slot % cfg.sampler.num_rollout_workers].push(slot)
-        return WorkerContext(cfg, self.spec, bufs, control, None, channels, str(self.run_dir / "train.log"),
-                             str(self.run_dir / "checkpoints"), 0,
+        return WorkerContext(cfg, self.spec, bufs, control, SharedWeights.reserve(self.alloc), channels,
+                             str(self.run_dir / "train.log"), str(self.run_dir / "checkpoints"), 0,
                              None if self.resume_checkpoint is None else str(self.resume_checkpoint))
 
-    def _setup_weights(self, ctx: WorkerContext) -> WorkerContext:
-        """Publish the starting weights: the complete context, for the learner and any actor."""
-        cfg = self.cfg
+    def _publish_initial_weights(self, ctx: WorkerContext) -> WorkerContext:
+        """The runner builds and publishes the starting weights (seeded init, or the resumed checkpoint's)."""
         model, version, base_env_steps = self._initial_model()
-        weights = SharedWeights.allocate(self.alloc, model)
+        weights = ctx.weights.complete(self.alloc, state_layout(model))
         weights.publish(model, version)
+        return dataclasses.replace(ctx, weights=weights, base_env_steps=base_env_steps)
+
+    def _complete_weights(self, layout: list) -> None:
+        """Inference worker 0 built the network (first_weights_from_inference): allocate the data
+        block it publishes into. Every process spawned from now on gets the complete handle."""
+        if self.ctx.weights.is_complete:
+            return  # a replacement inference worker asked again
+        self.ctx = dataclasses.replace(self.ctx, weights=self.ctx.weights.complete(self.alloc, layout))
+        if self.supervisor is not None:
+            self.supervisor.ctx = self.ctx
+
+    def _announce(self) -> None:
+        cfg = self.cfg
         mode = "serial debug mode, one process" if cfg.system.serial else \
             f"{cfg.sampler.num_inference_workers} inference worker(s)"
         if rollout_workers_act(cfg):
@@ -129,9 +143,49 @@ class Runner:
         self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "
                  f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} splits, {mode}, "
                  f"{cfg.model.precision} network, {cfg.system.learner_threads} learner thread(s), "
-                 f"{ctx.bufs.num_slots} trajectory slots ({self.alloc.total_bytes / 2**20:.1f} MiB shared), "
-                 f"run dir {self.run_dir}")
-        return dataclasses.replace(ctx, weights=weights, base_env_steps=base_env_steps)
+                 f"{self.ctx.bufs.num_slots} trajectory slots ({self.alloc.total_bytes / 2**20:.1f} MiB shared "
+                 f"{'' if self.ctx.weights.is_complete else 'before the weights'}), run dir {self.run_dir}")
+
+    def _start_processes(self) -> None:
+        """Spawn what produces the first sample in the order that gets it soonest on a small box.
+
+        A fresh run with inference workers: rollout and inference workers at once, and inference
+        worker 0 builds the network, so this process never loads torch before the first sample.
+        Otherwise this process publishes the starting weights first (a rollout worker acting in
+        numpy reads their layout; a resumed run's come from the checkpoint); rollout workers that
+        do not act are spawned before that and start making envs meanwhile. The learner waits
+        for the first full slot (`_on_first_sample`)."""
+        cfg, sup = self.cfg, self.supervisor
+        acting_here = rollout_workers_act(cfg)
+        if sup is not None and not acting_here and self.resume_checkpoint is None:
+            self.ctx = dataclasses.replace(self.ctx, first_weights_from_inference=True)
+            sup.ctx = self.ctx
+            self._announce()
+            sup.start_rollouts()
+            sup.start_inference()
+            return
+        if sup is not None and not acting_here:
+            sup.start_rollouts()
+        self.ctx = self._publish_initial_weights(self.ctx)
+        self._announce()
+        if sup is not None:
+            sup.ctx = self.ctx
+            sup.start_inference()
+            if acting_here:
+                sup.start_rollouts()
+
+    def _on_first_sample(self) -> None:
+        """The learner starts only now: nothing is there to train before, and loading torch costs it
+        ~2 CPU-s on cores the first sample needs. The TensorBoard writer is made here too (its
+        import is ~0.4 CPU-s even without torch, see tensorboard_writer)."""
+        if self.supervisor is not None:
+            self.supervisor.start_learner()
+        self._writer()
+
+    def _writer(self):
+        if self.writer is None:
+            self.writer = tensorboard_writer(self.run_dir)
+        return self.writer
 
     def run(self) -> int:
         cfg = self.cfg
@@ -141,29 +195,19 @@ class Runner:
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         self._learner_log = open(self.run_dir / "learner.jsonl", "a", buffering=1)
         self._metrics_log = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
-        serial = writer = None
+        serial = None
         try:
-            ctx = self._setup_buffers()
+            self.ctx = self._setup_buffers()
             spawned_at = time.monotonic()
             if not cfg.system.serial:
-                self.supervisor = Supervisor(cfg, ctx, self.log, self.say)
-            early = self.supervisor is not None and not rollout_workers_act(cfg)
-            if early:  # they need no weights: let them create envs while this process loads torch
-                self.supervisor.start_rollouts()
-            ctx = self._setup_weights(ctx)
-            base_env_steps, control, channels = ctx.base_env_steps, ctx.control, ctx.channels
-            from tensorboardX import SummaryWriter  # imports torch when it is installed
-
-            writer = SummaryWriter(str(self.run_dir))
+                self.supervisor = Supervisor(cfg, self.ctx, self.log, self.say)
+            self._start_processes()
+            base_env_steps, control, channels = self.ctx.base_env_steps, self.ctx.control, self.ctx.channels
             stats = RunStats(self.spec.frames_per_env_step, base_env_steps, start_time=spawned_at)
             if cfg.system.serial:
                 from fastrl.runner.serial import SerialDriver
 
-                serial = SerialDriver(ctx, self.log)
-            else:
-                self.supervisor.start_learner_and_inference(ctx)
-                if not early:
-                    self.supervisor.start_rollouts()
+                serial = SerialDriver(self.ctx, self.log)
             last_report = time.monotonic()
             while self.stop_reason is None and self.failure is None:
                 had_trained = stats.first_train_after_command_s is not None  # reports below may change it
@@ -178,6 +222,7 @@ class Runner:
                 if not had_samples and stats.first_sample_s is not None:
                     self.log.info("first trajectory slot full, %.1f s after the command started (%.1f s after "
                                   "spawning the workers)", stats.first_sample_after_command_s, stats.first_sample_s)
+                    self._on_first_sample()
                 if not had_trained and stats.first_train_after_command_s is not None:
                     self.log.info("first batch trained, %.1f s after the command started",
                                   stats.first_train_after_command_s)
@@ -186,7 +231,7 @@ class Runner:
                     self.on_tick(self, stats, control)
                 if time.monotonic() - last_report >= cfg.run.report_interval_s:
                     last_report = time.monotonic()
-                    self._report(stats, control, writer)
+                    self._report(stats, control)
             self.say(f"stopping: {self.failure or self.stop_reason}")
             if serial is not None:
                 serial.close()
@@ -200,31 +245,53 @@ class Runner:
                            env_steps_lost_in_worker_faults=0 if self.supervisor is None else self.supervisor.lost_env_steps,
                            nonfinite_transitions_masked=int(control.nonfinite.array.sum()))
             write_json(self.run_dir / "summary.json", summary)
-            self._report(stats, control, writer, echo=False)
+            self._report(stats, control, echo=False)
             self.say(format_summary(summary, self.run_dir))
             return 1 if self.failure else 0
         finally:
             if self.supervisor is not None:
                 self.supervisor.kill_all()
-            if writer is not None:
-                writer.close()
+            if self.writer is not None:
+                self.writer.close()
             self._learner_log.close()
             self._metrics_log.close()
             self.alloc.unlink_all()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
 
-    def _report(self, stats: RunStats, control: SharedControl, writer, echo: bool = True) -> None:
+    def _report(self, stats: RunStats, control: SharedControl, echo: bool = True) -> None:
         if echo:
             self.say(stats.console_line(self.cfg.run.train_for_env_steps))
         scalars = stats.scalars()
         scalars["health/nonfinite_transitions_masked"] = float(control.nonfinite.array.sum())
         if self.supervisor is not None:
             scalars["health/worker_restarts"] = float(sum(self.supervisor.restarts_total.values()))
+        writer = self._writer()
         for key, value in scalars.items():
             writer.add_scalar(key, value, stats.env_steps)
         row = {"env_steps": stats.env_steps, "frames": stats.frames, "wall_s": round(stats.wall_s, 2), **scalars}
         self._metrics_log.write(json.dumps(row) + "\n")
+
+
+def tensorboard_writer(run_dir: Path):
+    """tensorboardX's SummaryWriter, imported without loading torch when this process has not.
+
+    tensorboardX imports torch, if installed, only to recognise torch tensors among the values it
+    is given; the runner logs plain floats. A fresh run with inference workers never loads torch
+    in the runner otherwise, and loading it would cost ~2 CPU-s (while the learner starts) and
+    ~100 MB. A None entry in sys.modules makes `import torch` raise ImportError, which tensorboardX
+    catches; the entry is removed again at once."""
+    import sys
+
+    blocked = "torch" not in sys.modules
+    if blocked:
+        sys.modules["torch"] = None
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if blocked:
+            del sys.modules["torch"]
+    return SummaryWriter(str(run_dir))
 
 
 def finished_reason(cfg: Config, stats: RunStats) -> str | None:

@@ -17,7 +17,6 @@ learner death, stops the run.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import multiprocessing as mp
 import signal
@@ -34,15 +33,10 @@ from fastrl.workers.process import (WorkerContext, child_environment, child_env_
 LEARNER_JOIN_S = 60.0  # the learner may be mid-batch and then writes the final checkpoint
 WORKER_JOIN_S = 10.0
 RECLAIM_WAIT_S = 5.0
-# imported when a role is first spawned: the learner's and inference worker's modules load torch
-# (~1.2 CPU-s), which the runner should not pay before its rollout workers are creating envs
+# each child's loop, imported in the child (child_main): the learner's and inference worker's
+# modules load torch (~2 CPU-s), which the runner need not load at all
 LOOPS = {"learner": "fastrl.workers.learner:learner_loop", "inference": "fastrl.workers.inference:inference_loop",
          "rollout": "fastrl.workers.rollout:rollout_loop"}
-
-
-def loop_of(role: str):
-    module, name = LOOPS[role].split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 @dataclass
@@ -69,6 +63,8 @@ def describe_exit(code: int | None) -> str:
 
 class Supervisor:
     def __init__(self, cfg: Config, ctx: WorkerContext, log: logging.Logger, say: Callable[[str], None]):
+        # `ctx` is what children spawned from now on get: the runner replaces it once the weights'
+        # data block exists, so the learner and any replacement worker get the complete handle
         self.cfg, self.ctx, self.log, self.say = cfg, ctx, log, say
         self.control = ctx.control
         self.children: dict[str, Child] = {}
@@ -84,7 +80,7 @@ class Supervisor:
         name = process_name(role, index)
         hb = heartbeat_index(self.cfg, role, index)
         self.control.heartbeats.array[hb] = 0.0
-        p = self._spawn_ctx.Process(target=child_main, args=(role, index, self.ctx, loop_of(role)), name=name,
+        p = self._spawn_ctx.Process(target=child_main, args=(role, index, self.ctx, LOOPS[role]), name=name,
                                     daemon=True)
         with child_environment(child_env_overrides(self.cfg, role)):
             p.start()
@@ -95,12 +91,13 @@ class Supervisor:
         for i in range(self.cfg.sampler.num_rollout_workers):
             self._start("rollout", i)
 
-    def start_learner_and_inference(self, ctx: WorkerContext) -> None:
-        """`ctx` is the complete context, weights included; replacements of any worker get it too."""
-        self.ctx = ctx
-        self._start("learner", 0)
+    def start_inference(self) -> None:
         for i in range(self.cfg.sampler.num_inference_workers):
             self._start("inference", i)
+
+    def start_learner(self) -> None:
+        if process_name("learner", 0) not in self.children:
+            self._start("learner", 0)
 
     def note_error(self, name: str, traceback_text: str) -> None:
         if name in self.children:

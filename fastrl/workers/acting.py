@@ -24,15 +24,21 @@ class TorchForward:
     def __init__(self, ctx: WorkerContext, seed: int):
         import torch
 
-        from fastrl.models import ActorCritic
+        from fastrl.models import seeded_model
 
         self.torch = torch
         self.device = torch.device(ctx.cfg.system.device)
-        self.model = ActorCritic(ctx.spec, ctx.cfg.model).to(self.device).eval()
-        self.staging = ctx.weights.new_staging()
+        # the run's starting network, so that an inference worker that publishes it (see
+        # fastrl.workers.inference) has it at hand; any other reader overwrites it with what it reads
+        self.model = seeded_model(ctx.spec, ctx.cfg.model, ctx.cfg.run.seed).to(self.device).eval()
+        self.staging = None  # once the weights' data block exists (SharedWeights.attach)
         torch.manual_seed(seed)  # action sampling: reproducible in serial mode
 
     def read(self, weights) -> int | None:
+        if self.staging is None:
+            if not weights.attach(self.model):
+                return None
+            self.staging = weights.new_staging()
         version = weights.try_read(self.staging)
         if version is not None:
             staging = self.staging.to(self.device) if self.device.type != "cpu" else self.staging
@@ -79,7 +85,7 @@ class PolicyActor:
         self.values, self.policy_version = b.values.array, b.policy_version.array
 
     def refresh_weights(self) -> None:
-        seq = int(self.ctx.weights.header.array[0])
+        seq = int(self.ctx.weights.header.array[0])  # 0: nothing published yet
         if seq == self.seen_seq or seq == 0:
             return
         version = self.forward.read(self.ctx.weights)

@@ -4,6 +4,10 @@ A request names (rollout worker, generation, split, token, slot, t). The worker 
 them in one forward pass (fastrl.workers.acting: observations read in place, results written
 into the same slots) and tells each rollout worker which splits are ready.
 
+On a fresh run the runner does not build the network (it would load torch, ~2 CPU-s on the
+path to the first sample): inference worker 0 publishes the starting weights as version 0, in a
+data block the runner allocates for the layout it reports (`publish_first_weights`).
+
 Requests from a replaced rollout worker (an old generation) are dropped, and a request re-sent
 after an inference restart is answered once: after the runner has reclaimed a dead worker's
 slots, nothing is written into them from here.
@@ -12,12 +16,14 @@ slots, nothing is written into them from here.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import defaultdict
 
-from fastrl.ipc import wait_any
+from fastrl.buffers.weights import state_layout
+from fastrl.ipc import put_report, wait_any
 from fastrl.workers.acting import PolicyActor
-from fastrl.workers.process import WorkerContext, heartbeat_index, seconds_since_process_start
+from fastrl.workers.process import WorkerContext, heartbeat_index, lower_priority, seconds_since_process_start
 
 POLL_S = 0.1
 
@@ -77,9 +83,26 @@ class InferenceWorker:
         if requests:
             self.step(requests)
 
+    def publish_first_weights(self) -> None:
+        """Inference worker 0 of a fresh run: hand the runner this model's layout, wait for the data
+        block it allocates, and publish the seeded starting network (unless a predecessor did)."""
+        weights, model = self.ctx.weights, self.actor.forward.model
+        if not weights.attach(model):
+            put_report(self.ctx.channels.reports[self.hb], {"kind": "weights_layout", "layout": state_layout(model)})
+            while not weights.attach(model):
+                if self._idle():
+                    return
+                time.sleep(0.005)
+        if int(weights.header.array[0]) == 0:
+            weights.publish(model, version=0)
+            self.log.info("published the starting weights (version 0, %d floats)", weights.data.shape[0])
+
     def run(self) -> None:
+        if self.ctx.first_weights_from_inference and self.index == 0:
+            self.publish_first_weights()
         self.actor.wait_for_first_weights(self._idle)
-        self.log.info("ready to act, %.1f s after process start", seconds_since_process_start())
+        lower_priority(self.ctx.cfg.system.inference_nice)
+        self.log.info("ready to act, %.1f s after process start, nice %d", seconds_since_process_start(), os.nice(0))
         while not self.ctx.control.stop_requested:
             self.pump(POLL_S)
 

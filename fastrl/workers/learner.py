@@ -41,14 +41,15 @@ class Learner:
         self.hb = heartbeat_index(cfg, "learner", 0)
         self.device = torch.device(cfg.system.device)
         self.model = build_learner_model(ctx.spec, cfg)
-        # The runner published the starting weights (seeded init, or the resumed checkpoint's
-        # model) with their policy version; start from exactly those instead of loading twice.
+        # The starting weights (seeded init, or the resumed checkpoint's model) were published
+        # with their policy version before any sample existed, by the runner or by inference
+        # worker 0; start from exactly those instead of building or loading them twice.
         staging = ctx.weights.new_staging()
-        initial_version = ctx.weights.try_read(staging)
+        initial_version = ctx.weights.try_read(staging) if ctx.weights.is_published else None
         if initial_version is None:
-            raise RuntimeError("initial weights were not published by the runner")
+            raise RuntimeError("the starting weights were not published before the learner started")
         ctx.weights.load_into(self.model, staging)
-        self.trainer = APPOTrainer(self.model, cfg.algo, cfg.sampler.max_policy_lag)
+        self.trainer = APPOTrainer(self.model, cfg.algo, cfg.sampler.max_policy_lag, seed=cfg.run.seed)
         self.trainer.policy_version = initial_version
         self.train_steps = 0  # batches trained
         self.slots_needed = slots_per_batch(cfg)
@@ -69,7 +70,7 @@ class Learner:
         self.train_steps = int(state["train_steps"])
         self.trainer.skipped_total = int(state.get("nonfinite_steps_skipped", 0))
         if "torch_rng" in state:
-            torch.set_rng_state(state["torch_rng"])
+            self.trainer.generator.set_state(state["torch_rng"])
         self.log.info("resumed from %s at policy version %d", path, self.trainer.policy_version)
 
     def env_steps(self) -> int:
@@ -83,7 +84,7 @@ class Learner:
         state = {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer.state_dict(),
                  "policy_version": self.trainer.policy_version, "train_steps": self.train_steps,
                  "env_steps": self.env_steps(), "env_id": self.cfg.env.id,
-                 "lr": self.trainer.optimizer.param_groups[0]["lr"], "torch_rng": torch.get_rng_state(),
+                 "lr": self.trainer.optimizer.param_groups[0]["lr"], "torch_rng": self.trainer.generator.get_state(),
                  "nonfinite_steps_skipped": self.trainer.skipped_total}
         path = save_checkpoint(self.ckpt_dir, state, self.cfg.run.keep_checkpoints)
         self.log.info("saved %s", path.name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import logging
 import os
 import signal
@@ -32,12 +33,14 @@ class WorkerContext:
     spec: EnvSpec
     bufs: TrajBuffers
     control: SharedControl
-    weights: SharedWeights | None  # None for rollout workers spawned before the runner built the model
+    # the header alone (no data block) for processes spawned before anyone built the model
+    weights: SharedWeights
     channels: Channels
     log_path: str
     checkpoint_dir: str
     base_env_steps: int = 0
     resume_checkpoint: str | None = None
+    first_weights_from_inference: bool = False  # inference worker 0 publishes version 0, not the runner
 
 
 def seconds_since_process_start() -> float:
@@ -101,10 +104,26 @@ def name_process_and_die_with_parent(name: str) -> None:
         pass
 
 
+def lower_priority(nice: int) -> None:
+    """Add `nice` to every thread of this process (system.rollout_nice / inference_nice).
+
+    A learner-bound run wants the learner never preempted; samplers at a lower priority still get
+    every cycle the learner leaves, and it leaves them all while it waits for data. Samplers call
+    this once they are ready (first envs made, network built): until the first sample no learner
+    runs, and their startup is the path to it. On Linux os.nice() changes the calling thread only,
+    and envpool's threads exist by then; threads created afterwards inherit their creator's value."""
+    if not nice:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), os.getpriority(os.PRIO_PROCESS, int(tid)) + nice)
+        except (ProcessLookupError, ValueError):
+            pass  # a thread that has just exited
+
+
 def child_env_overrides(cfg: Config, role: str) -> dict[str, str]:
     """Environment a child must have from its first instruction: libgomp reads OMP_WAIT_POLICY once,
-    when torch loads it, and the learner's module loads torch while the spawned child unpickles its
-    target, before child_main runs."""
+    when torch loads it, and unpickling a child's context may load torch before child_main runs."""
     if role == "learner" and cfg.system.learner_omp_wait != "inherit":
         return {"OMP_WAIT_POLICY": cfg.system.learner_omp_wait.upper()}
     return {}
@@ -144,30 +163,31 @@ def worker_needs_torch(ctx: WorkerContext, role: str) -> bool:
     return rollout_workers_act(ctx.cfg) and acting_backend(ctx.cfg, ctx.spec) == "torch"
 
 
-def child_main(role: str, index: int, ctx: WorkerContext, loop) -> None:
-    """Entry point of every child: bootstrap, run `loop(ctx, index, log)`, report any crash."""
+def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str) -> None:
+    """Entry point of every child: bootstrap, run `loop(ctx, index, log)`, report any crash.
+
+    `loop_path` ("module:function") is imported here, in the child: importing the learner's or
+    an inference worker's module loads torch, which the runner need not load to spawn them."""
     name = process_name(role, index)
+    # read first: setproctitle may reuse the memory /proc/self/environ shows for the title
+    omp_wait_at_exec = environment_at_exec().get("OMP_WAIT_POLICY", "unset")
     name_process_and_die_with_parent(name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: ctx.control.request_stop())
     if os.getppid() == 1:  # the runner died before we got here
         return
+    module, function = loop_path.split(":")
+    loop = getattr(importlib.import_module(module), function)
     threads = {"learner": ctx.cfg.system.learner_threads, "inference": ctx.cfg.system.inference_threads}.get(role, 1)
     if worker_needs_torch(ctx, role):
         import torch
 
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)
-    nice = {"rollout": ctx.cfg.system.rollout_nice, "inference": ctx.cfg.system.inference_nice}.get(role, 0)
-    if nice:
-        # a learner-bound run wants the learner never preempted; samplers at a lower priority still
-        # get every cycle the learner leaves, and the learner leaves them all while it waits for data
-        os.nice(nice)
     log = setup_logging(ctx.log_path, name, echo=False)
     try:
         log.info("started (pid %d, torch threads %d, nice %d, torch %s, OMP_WAIT_POLICY at exec %s)", os.getpid(),
-                 threads, os.nice(0), "loaded" if "torch" in sys.modules else "not loaded",
-                 environment_at_exec().get("OMP_WAIT_POLICY", "unset"))
+                 threads, os.nice(0), "loaded" if "torch" in sys.modules else "not loaded", omp_wait_at_exec)
         loop(ctx, index, log)
         log.info("stopped")
     except BaseException as e:  # noqa: BLE001 - report everything, including KeyboardInterrupt

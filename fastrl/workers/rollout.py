@@ -5,8 +5,9 @@ inference worker, the previous group is stepping in envpool's C++ threads: the l
 group's actions, then collects the group sent before it. A slot holds one group's rollout of
 T steps; when it is full the slot index goes to the learner and the group continues in a slot
 taken from the free queue, carrying the bootstrap observation over as the new slot's first.
-Only the first group is built at start, the others once it has filled a slot: the first sample
-needs one group, and building envs can take seconds (Atari).
+Only the first group is built at start, the others once it has filled a batch's worth of slots:
+the first sample and the first trained batch need one group, and building envs can take seconds
+(Atari).
 
 `pump()` advances one group by one env step. In a worker process it blocks where it must wait;
 the serial driver (fastrl.runner.serial) calls it with `block=False`, and then every wait point
@@ -16,18 +17,20 @@ comes before any state changes, raising WouldBlock so the same call can simply b
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
 
 from fastrl.algo.reward_scaling import ReturnScaler
 from fastrl.buffers.control import NO_OWNER
-from fastrl.config.checks import envs_per_split, rollout_workers_act
+from fastrl.config.checks import envs_per_split, rollout_workers_act, slots_per_batch
 from fastrl.envs import Step, make_split
 from fastrl.ipc import put_report, wait_any
-from fastrl.workers.process import WorkerContext, heartbeat_index, seconds_since_process_start
+from fastrl.workers.process import WorkerContext, heartbeat_index, lower_priority, seconds_since_process_start
 
 POLL_S = 0.1
+FIRST_SAMPLE_WAIT_S = 10.0  # the longest a worker other than the first waits for it before making envs
 
 
 class Stopped(Exception):
@@ -72,12 +75,18 @@ class RolloutWorker:
         total_envs = cfg.sampler.num_rollout_workers * cfg.sampler.num_envs_per_worker
         self.first_env = (cfg.run.seed * 1_000_003 + self.generation * total_envs
                           + worker_index * cfg.sampler.num_envs_per_worker)
-        # Only the first group is built now; the others once it has filled a slot (_build_other_groups).
-        # Making an env can cost far more than stepping it (an Atari env ~180 CPU-ms, mostly ALE's
+        # Only the first group is built now; the others later (_build_other_groups).
+        # Making an env can cost far more than stepping it (an Atari env ~130 CPU-ms, mostly ALE's
         # palette tables), and the first sample, hence the first trained batch, needs one group only:
         # on the Pong preset this brings both ~1.5 s earlier.
+        self.niced = False
+        self._wait_for_first_sample_before_building()
         self.envs = [self._make_group(0)]
+        self._lower_priority()
         self.slots_handed_over = 0
+        # the first trained batch needs this many slots; the learner, starting at the first sample,
+        # gets them sooner from groups that keep stepping than from groups stopped to make envs
+        self.slots_before_other_groups = max(1, slots_per_batch(cfg))
         n = self.num_splits
         self.slot = [-1] * n
         self.next_slot = [-1] * n  # taken one step before the current slot fills, while nothing is half-done
@@ -95,6 +104,26 @@ class RolloutWorker:
         self.reward_scaler = ReturnScaler((n, self.num_envs), cfg.algo.gamma) if cfg.algo.normalize_rewards else None
         self.finished_lengths: list[int] = []
 
+    def _wait_for_first_sample_before_building(self) -> None:
+        """Workers other than the first make their envs once the run's first slot is full (or after
+        FIRST_SAMPLE_WAIT_S): envpool already makes one group's envs on every core, so two workers
+        making theirs at once only delay the first sample, by ~1.5 s on the Pong preset here.
+        A replacement worker, one in the serial driver, or any worker after the first sample does not wait."""
+        if self.index == 0 or self.generation > 0 or not self.block:
+            return
+        started = time.monotonic()
+        while self.control.total_env_steps() == 0 and time.monotonic() - started < FIRST_SAMPLE_WAIT_S:
+            self._idle()
+            time.sleep(0.01)
+        self.log.info("waited %.1f s for the run's first sample before making envs%s", time.monotonic() - started,
+                      "" if self.control.total_env_steps() else " (gave up waiting)")
+        self._lower_priority()  # off the first sample's path: the learner, starting now, comes first
+
+    def _lower_priority(self) -> None:
+        if self.block and not self.niced:  # a worker process; the serial driver's live in the runner's
+            lower_priority(self.ctx.cfg.system.rollout_nice)
+            self.niced = True
+
     def _make_group(self, split: int):
         cfg = self.ctx.cfg
         return make_split(cfg.env, self.ctx.spec, self.num_envs, cfg.sampler.env_threads,
@@ -104,8 +133,8 @@ class RolloutWorker:
         started = time.perf_counter()
         while len(self.envs) < self.num_splits:
             self.envs.append(self._make_group(len(self.envs)))
-        self.log.info("built the other %d group(s) of %d envs in %.1f s, after the first slot was full",
-                      self.num_splits - 1, self.num_envs, time.perf_counter() - started)
+        self.log.info("built the other %d group(s) of %d envs in %.1f s, after handing over %d slot(s)",
+                      self.num_splits - 1, self.num_envs, time.perf_counter() - started, self.slots_handed_over)
 
     # --- waiting, always with an eye on the stop flag
     def _idle(self) -> None:
@@ -254,7 +283,7 @@ class RolloutWorker:
     def pump(self) -> None:
         """Collect one env step of group k, keeping group k+1 stepping meanwhile."""
         self.control.beat(self.hb)
-        if len(self.envs) < self.num_splits and self.slots_handed_over:
+        if len(self.envs) < self.num_splits and self.slots_handed_over >= self.slots_before_other_groups:
             self._build_other_groups()
         if self.slot[len(self.envs) - 1] < 0:
             self.start()  # groups just built: slots, first observations, first requests
@@ -276,8 +305,8 @@ class RolloutWorker:
     def run(self) -> None:
         try:
             self.start()  # a stop can arrive while waiting for a first free slot: waits raise Stopped
-            self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start",
-                          len(self.envs), self.num_envs, seconds_since_process_start())
+            self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start, nice %d",
+                          len(self.envs), self.num_envs, seconds_since_process_start(), os.nice(0))
             while not self.control.stop_requested:
                 self.pump()
         except Stopped:
@@ -291,4 +320,8 @@ class RolloutWorker:
 
 
 def rollout_loop(ctx: WorkerContext, index: int, log: logging.Logger) -> None:
-    RolloutWorker(ctx, index, log).run()
+    try:
+        worker = RolloutWorker(ctx, index, log)
+    except Stopped:  # the run stopped before this worker made its envs
+        return
+    worker.run()

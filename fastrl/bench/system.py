@@ -8,7 +8,8 @@ through the runner's tick callback.
           the samplers also fill every free trajectory slot, which a 20 s window after the first
           sample counted as speed (Pong read 522 where the steady run went at ~410).
 
-After the first sample and a warm-up, counters are recorded for `seconds`: env steps (rates per
+After the learner's first batch (trained, or freed untrained in the sample stage) and a warm-up,
+counters are recorded for `seconds`: env steps (rates per
 window), each process's wait time (busy / idle fractions), inference batch sizes, the policy-lag
 histogram, and CPU and memory of every process.
 """
@@ -77,17 +78,20 @@ class SystemProbe:
         if self.first_sample_s is None:
             if stats.env_steps > stats.start_env_steps:
                 self.first_sample_s = now - self.t_launch
-                for name, p in runner.procs.items():
-                    self.sampler.add(name, p.pid)
             else:
                 self.progress(0.0, f"{self.label}: starting processes ({now - self.t_launch:.0f} s)")
             return
         if self.t0 is None:
-            if now - self.t_launch - self.first_sample_s < self.warmup_s:
+            # from the learner's first batch: it is spawned at the first sample and takes seconds to
+            # start, and a window opened before it has warmed up measures its start, not its pace
+            if self.first_train_s is None or now - self.t_launch - self.first_train_s < self.warmup_s:
                 self.progress(0.0, f"{self.label}: warming up")
                 return
             self.t0 = now
             self.start = self._snapshot(stats, control)
+            # every process the run has when the window opens: the learner is spawned at the first sample
+            for name, p in runner.procs.items():
+                self.sampler.add(name, p.pid)
             self.sampler.start()
         elapsed = now - self.t0
         self.points.append((elapsed, self._count(stats)))

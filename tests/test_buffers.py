@@ -103,6 +103,7 @@ def test_weights_reserved_first_are_attached_by_a_process_holding_only_the_heade
         p.start()
         complete = reserved.complete(alloc, state_layout(src))
         assert not reserved.is_complete and complete.is_complete  # the handle given to later processes
+        assert complete.try_read(complete.new_staging()) is None  # nothing published yet: no version 0 of zeros
         complete.publish(src, version=0)
         p.join(60)
         assert p.exitcode == 0

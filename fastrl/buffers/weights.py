@@ -114,7 +114,7 @@ class SharedWeights:
         """try_read into a numpy array: what a worker that acts in numpy (no torch) reads with."""
         h = self.header.array
         seq_before = int(h[0])
-        if seq_before & 1:
+        if seq_before & 1 or seq_before == 0:  # mid-write, or nothing published yet
             return None
         version = int(h[1])
         np.copyto(staging, self.data.array)

@@ -46,7 +46,7 @@ class Runner:
         self.supervisor: Supervisor | None = None  # the child processes (None in serial mode)
         self.alloc = ShmAllocator()
         self.ctx: WorkerContext | None = None  # grows: the weights' data block joins it once the network exists
-        self.writer = None  # TensorBoard; made at the first sample (it loads torch)
+        self.writer = None  # TensorBoard; made at the first sample (tensorboard_writer)
 
     def say(self, text: str) -> None:
         self.log.info(text)
@@ -128,9 +128,13 @@ class Runner:
         block it publishes into. Every process spawned from now on gets the complete handle."""
         if self.ctx.weights.is_complete:
             return  # a replacement inference worker asked again
-        self.ctx = dataclasses.replace(self.ctx, weights=self.ctx.weights.complete(self.alloc, layout))
+        self._set_ctx(dataclasses.replace(self.ctx, weights=self.ctx.weights.complete(self.alloc, layout)))
+
+    def _set_ctx(self, ctx: WorkerContext) -> None:
+        """What every child spawned from now on gets, the supervisor's replacements included."""
+        self.ctx = ctx
         if self.supervisor is not None:
-            self.supervisor.ctx = self.ctx
+            self.supervisor.ctx = ctx
 
     def _announce(self) -> None:
         cfg = self.cfg
@@ -158,18 +162,16 @@ class Runner:
         cfg, sup = self.cfg, self.supervisor
         acting_here = rollout_workers_act(cfg)
         if sup is not None and not acting_here and self.resume_checkpoint is None:
-            self.ctx = dataclasses.replace(self.ctx, first_weights_from_inference=True)
-            sup.ctx = self.ctx
+            self._set_ctx(dataclasses.replace(self.ctx, first_weights_from_inference=True))
             self._announce()
             sup.start_rollouts()
             sup.start_inference()
             return
         if sup is not None and not acting_here:
             sup.start_rollouts()
-        self.ctx = self._publish_initial_weights(self.ctx)
+        self._set_ctx(self._publish_initial_weights(self.ctx))
         self._announce()
         if sup is not None:
-            sup.ctx = self.ctx
             sup.start_inference()
             if acting_here:
                 sup.start_rollouts()

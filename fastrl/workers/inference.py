@@ -93,7 +93,7 @@ class InferenceWorker:
                 if self._idle():
                     return
                 time.sleep(0.005)
-        if int(weights.header.array[0]) == 0:
+        if not weights.is_published:
             weights.publish(model, version=0)
             self.log.info("published the starting weights (version 0, %d floats)", weights.data.shape[0])
 

@@ -45,7 +45,7 @@ class Learner:
         # with their policy version before any sample existed, by the runner or by inference
         # worker 0; start from exactly those instead of building or loading them twice.
         staging = ctx.weights.new_staging()
-        initial_version = ctx.weights.try_read(staging) if ctx.weights.is_published else None
+        initial_version = ctx.weights.try_read(staging)
         if initial_version is None:
             raise RuntimeError("the starting weights were not published before the learner started")
         ctx.weights.load_into(self.model, staging)

@@ -79,10 +79,13 @@ class RolloutWorker:
         # Making an env can cost far more than stepping it (an Atari env ~130 CPU-ms, mostly ALE's
         # palette tables), and the first sample, hence the first trained batch, needs one group only:
         # on the Pong preset this brings both ~1.5 s earlier.
-        self.niced = False
-        self._wait_for_first_sample_before_building()
-        self.envs = [self._make_group(0)]
-        self._lower_priority()
+        if self._on_first_sample_path():
+            self.envs = [self._make_group(0)]
+            self._lower_priority()
+        else:  # the learner, or a running pipeline, comes before this worker's envs
+            self._wait_for_first_sample()
+            self._lower_priority()
+            self.envs = [self._make_group(0)]
         self.slots_handed_over = 0
         # the first trained batch needs this many slots; the learner, starting at the first sample,
         # gets them sooner from groups that keep stepping than from groups stopped to make envs
@@ -104,12 +107,16 @@ class RolloutWorker:
         self.reward_scaler = ReturnScaler((n, self.num_envs), cfg.algo.gamma) if cfg.algo.normalize_rewards else None
         self.finished_lengths: list[int] = []
 
-    def _wait_for_first_sample_before_building(self) -> None:
-        """Workers other than the first make their envs once the run's first slot is full (or after
-        FIRST_SAMPLE_WAIT_S): envpool already makes one group's envs on every core, so two workers
-        making theirs at once only delay the first sample, by ~1.5 s on the Pong preset here.
-        A replacement worker, one in the serial driver, or any worker after the first sample does not wait."""
-        if self.index == 0 or self.generation > 0 or not self.block:
+    def _on_first_sample_path(self) -> bool:
+        """Only the first worker of a fresh start makes its envs at full priority and at once: envpool
+        already makes one group's envs on every core, so two workers making theirs together only
+        delay the first sample (by ~1.5 s on the Pong preset here). A replacement worker is not on
+        that path either. The serial driver's workers make theirs at once (nothing runs meanwhile)."""
+        return (self.index == 0 and self.generation == 0) or not self.block
+
+    def _wait_for_first_sample(self) -> None:
+        """Until the run's first slot is full, or FIRST_SAMPLE_WAIT_S (a replacement never waits)."""
+        if self.generation > 0:
             return
         started = time.monotonic()
         while self.control.total_env_steps() == 0 and time.monotonic() - started < FIRST_SAMPLE_WAIT_S:
@@ -117,12 +124,10 @@ class RolloutWorker:
             time.sleep(0.01)
         self.log.info("waited %.1f s for the run's first sample before making envs%s", time.monotonic() - started,
                       "" if self.control.total_env_steps() else " (gave up waiting)")
-        self._lower_priority()  # off the first sample's path: the learner, starting now, comes first
 
     def _lower_priority(self) -> None:
-        if self.block and not self.niced:  # a worker process; the serial driver's live in the runner's
+        if self.block:  # a worker process; the serial driver's workers live in the runner's
             lower_priority(self.ctx.cfg.system.rollout_nice)
-            self.niced = True
 
     def _make_group(self, split: int):
         cfg = self.ctx.cfg

@@ -11,13 +11,14 @@ from fastrl.config.checks import resolve_encoder
 from fastrl.config.hardware import resolve_precision
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
+from fastrl.models.activations import Tanh
 from fastrl.models.normalizer import ObsNormalizer
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 def _mlp(in_dim: int, hidden: list, activation: str) -> tuple[nn.Module, int]:
-    act = nn.Tanh if activation == "tanh" else nn.ReLU
+    act = Tanh if activation == "tanh" else nn.ReLU
     layers, d = [], in_dim
     for h in hidden:
         linear = nn.Linear(d, h)

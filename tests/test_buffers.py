@@ -76,6 +76,47 @@ def test_weights_roundtrip_and_torn_read_detection():
         alloc.unlink_all()
 
 
+class _ConvNet(torch.nn.Module):
+    """A channels-last conv (its weight is not contiguous in logical order) and a buffer, as the
+    learner's models have."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 3, 2)
+        self.head = torch.nn.Linear(3, 2)
+        self.register_buffer("scale", torch.arange(4.0))
+
+
+def _flat_state(module) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in module.state_dict().values()])
+
+
+def test_publish_writes_the_state_dict_in_order_and_follows_replaced_tensors():
+    alloc = ShmAllocator()
+    try:
+        src = _ConvNet().to(memory_format=torch.channels_last)
+        assert not src.conv.weight.is_contiguous()
+        weights = SharedWeights.allocate(alloc, src)
+        weights.publish(src, version=1)
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        # after the first publication: an optimizer step in place, a parameter whose data was
+        # swapped, a buffer reassigned; each must be what the next publication carries
+        with torch.no_grad():
+            src.head.weight.add_(1.0)
+        src.conv.bias.data = torch.full((3,), 5.0)
+        src.scale = torch.full((4,), -2.0)
+        weights.publish(src, version=2)
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        staging = weights.new_staging()
+        assert weights.try_read(staging) == 2
+        dst = _ConvNet()
+        weights.load_into(dst, staging)
+        assert torch.equal(_flat_state(dst), _flat_state(src))
+        assert pickle.loads(pickle.dumps(weights))._tensors is None  # the module never travels with the handle
+    finally:
+        alloc.unlink_all()
+
+
 def _attach_in_child(header_only: SharedWeights, result):
     """A process spawned holding only the header, as an inference worker of a fresh run is."""
     import time

@@ -36,6 +36,28 @@ def state_layout(module: torch.nn.Module) -> list[tuple[str, tuple, int]]:
     return layout
 
 
+class LayoutTensors:
+    """A module's live parameters and buffers in a layout's order, located once.
+
+    `module.state_dict()` costs 26-59 µs a call on the MLP presets, and the learner publishes
+    after every optimizer step: with a copy per tensor, publishing took 145 µs of HalfCheetah's
+    ~1,400 µs step, against 18 µs for one `torch.cat` into the block. Each tensor is looked up in
+    its owner's table at every call, so a parameter whose `.data` was replaced (`module.to(...)`)
+    or a reassigned buffer is still the one read.
+    """
+
+    def __init__(self, module: torch.nn.Module, layout: list[tuple[str, tuple, int]]):
+        self.module = module
+        self.entries = []
+        for name, _, _ in layout:
+            prefix, _, key = name.rpartition(".")
+            owner = module.get_submodule(prefix) if prefix else module
+            self.entries.append((owner._parameters if key in owner._parameters else owner._buffers, key))
+
+    def tensors(self) -> list:
+        return [table[key] for table, key in self.entries]
+
+
 class SharedWeights:
     """The header exists from the start of a run; the data block once someone has built the model.
 
@@ -48,6 +70,15 @@ class SharedWeights:
 
     def __init__(self, header: ShmArray, data: ShmArray | None, layout: list | None, data_name: str):
         self.header, self.data, self.layout, self.data_name = header, data, layout, data_name
+        self._tensors: LayoutTensors | None = None  # of the last module published or loaded; never pickled
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, _tensors=None)
+
+    def _tensors_of(self, module: torch.nn.Module) -> list:
+        if self._tensors is None or self._tensors.module is not module:
+            self._tensors = LayoutTensors(module, self.layout)
+        return self._tensors.tensors()
 
     @staticmethod
     def reserve(alloc: ShmAllocator) -> "SharedWeights":
@@ -98,11 +129,10 @@ class SharedWeights:
 
         h = self.header.array
         flat = torch.from_numpy(self.data.array)
-        state = module.state_dict()
+        tensors = self._tensors_of(module)
         h[0] += 1  # odd: write in progress
-        for name, shape, offset in self.layout:
-            t = state[name]
-            flat[offset:offset + t.numel()].copy_(t.detach().reshape(-1))
+        with torch.no_grad():  # reshape: a channels-last conv weight is written in its logical (state_dict) order
+            torch.cat([t.reshape(-1) for t in tensors], out=flat)
         h[1] = version
         h[0] += 1  # even: consistent
 
@@ -125,10 +155,8 @@ class SharedWeights:
     def load_into(self, module: torch.nn.Module, staging: torch.Tensor) -> None:
         import torch
 
-        state = module.state_dict()
         with torch.no_grad():
-            for name, shape, offset in self.layout:
-                t = state[name]
+            for t, (_, shape, offset) in zip(self._tensors_of(module), self.layout):
                 t.copy_(staging[offset:offset + t.numel()].view(shape))
 
     def new_staging(self) -> torch.Tensor:

@@ -100,6 +100,20 @@ def test_user_registered_gymnasium_env_runs(tmp_path):
     assert_clean(run)
 
 
+def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
+    """With one slot per batch the learner frees slots one at a time; each must not always go to
+    worker 0 (it did: worker 1 then stopped after its first two slots for the whole run)."""
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "sampler.num_splits=1",
+                     "--set", "run.train_for_env_steps=40000", runs_dir=tmp_path)
+    assert run.wait(120) == 0, run.output
+    summary = run.summary()
+    by_worker = summary["env_steps_by_rollout_worker"]
+    assert len(by_worker) == 2 and sum(by_worker) == summary["env_steps"], summary
+    assert min(by_worker) >= 0.3 * summary["env_steps"], summary
+    assert summary["policy_lag"]["max"] <= 200, summary  # no slot left half-filled for the whole run
+    assert_clean(run)
+
+
 @pytest.mark.parametrize("variant, overrides", [
     ("in_rollout_acting", ["sampler.num_inference_workers=0"]),  # the CartPole preset's own setting (numpy)
     ("in_rollout_acting_torch", ["sampler.num_inference_workers=0", "sampler.acting_backend=torch"]),

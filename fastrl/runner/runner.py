@@ -245,7 +245,9 @@ class Runner:
             summary.update(stop_reason=self.stop_reason, failure=self.failure,
                            worker_restarts={} if self.supervisor is None else self.supervisor.restarts_total,
                            env_steps_lost_in_worker_faults=0 if self.supervisor is None else self.supervisor.lost_env_steps,
-                           nonfinite_transitions_masked=int(control.nonfinite.array.sum()))
+                           nonfinite_transitions_masked=int(control.nonfinite.array.sum()),
+                           # this run's (not a resumed one's earlier) env steps, by rollout worker index
+                           env_steps_by_rollout_worker=[int(n) for n in control.env_steps.array])
             write_json(self.run_dir / "summary.json", summary)
             self._report(stats, control, echo=False)
             self.say(format_summary(summary, self.run_dir))

@@ -34,6 +34,19 @@ def build_learner_model(spec, cfg) -> ActorCritic:
     return model
 
 
+def pick_free_ring(waiting: list[int], last: int) -> int:
+    """Which rollout worker gets the next freed slot: the one with the fewest free slots waiting
+    (`waiting[w]`), ties going round-robin from the worker after `last`.
+
+    Ties used to go to worker 0. With one slot per batch every freed slot found all rings empty (a
+    running worker pops its slot at once), so worker 0 got every one: on the CartPole preset with
+    `sampler.num_splits=1`, worker 1 handed over 2 slots in a whole run against worker 0's 290, and
+    its half-filled slot of version-0 actions reached the learner at the end, 1,897 versions stale."""
+    fewest = min(waiting)
+    n = len(waiting)
+    return next(w for w in ((last + k) % n for k in range(1, n + 1)) if waiting[w] == fewest)
+
+
 class Learner:
     def __init__(self, ctx: WorkerContext, log: logging.Logger):
         cfg = ctx.cfg
@@ -56,6 +69,7 @@ class Learner:
         self.pending: list[int] = []  # full slots taken from the rollout workers' rings, oldest first
         ch = ctx.channels
         self.full_rings, self.free_rings, self.bell = ch.full_slots, ch.free_slots, ch.learner_bell
+        self.last_freed_to = -1  # the rollout worker that got the last freed slot
         self.reports = ch.reports[self.hb]
         self.busy_s = self.wait_s = 0.0
         self.ckpt_dir = Path(ctx.checkpoint_dir)
@@ -131,9 +145,10 @@ class Learner:
 
     def _free(self, slots: list[int]) -> None:
         """Each freed slot goes to the rollout worker with the fewest free slots waiting: a slow or
-        replaced worker does not hoard them, and none is starved."""
+        replaced worker does not hoard them, and none is starved (see pick_free_ring)."""
         for slot in slots:
-            min(self.free_rings, key=len).push(slot)
+            self.last_freed_to = pick_free_ring([len(r) for r in self.free_rings], self.last_freed_to)
+            self.free_rings[self.last_freed_to].push(slot)
 
     def train_one(self) -> dict:
         """Train on the pending batch (or free it untrained in benchmark mode) and report."""

@@ -51,7 +51,7 @@ def run_cli(capsys, *args, tmp_path):
     (["--set", "sampler.num_rollout_workers=1.5"], "expected an int"),
     (["--set", "sampler.num_envs_per_worker=30", "--set", "sampler.num_splits=4"], "does not divide"),
     (["--set", "algo.batch_size=64"], "smaller than one trajectory slot"),
-    (["--set", "algo.batch_size=1000"], "must be a multiple of one trajectory slot"),
+    (["--set", "algo.batch_size=1536"], "must be a multiple of one trajectory slot"),
     (["--set", "sampler.num_rollout_workers=0"], "must be >= 1"),
     (["--set", "run.train_for_seconds=-5"], "run.train_for_seconds must be > 0"),
     (["--set", "system.rollout_nice=-5"], "system.rollout_nice must be in [0, 19]"),

@@ -13,8 +13,9 @@ from helpers import ROOT, RunProcess
 
 pytestmark = pytest.mark.integration
 CARTPOLE = str(ROOT / "configs/cartpole.yaml")
-SHORT = ["--set", "run.stop_at_mean_return=null", "--set", "run.report_interval_s=1"]
-SLOT = 32 * 16  # rollout_len x envs per split in the CartPole preset
+# the shape SLOT describes: 2 groups of 16 envs per worker (the CartPole preset itself steps 1 group of 32)
+SHORT = ["--set", "run.stop_at_mean_return=null", "--set", "run.report_interval_s=1", "--set", "sampler.num_splits=2"]
+SLOT = 32 * 16  # rollout_len x envs per split
 BATCH = 1024
 
 
@@ -77,8 +78,10 @@ def _wait_for_process(run: RunProcess, title: str, timeout_s: float = 30.0) -> i
 
 def test_hung_env_is_detected_by_heartbeat_and_replaced(tmp_path):
     run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(hang_after=3000, fault_dir=str(tmp_path / "f")),
-                     "--set", "system.heartbeat_timeout_s=3", "--set", "run.train_for_env_steps=150000",
-                     runs_dir=tmp_path)
+                     "--set", "system.heartbeat_timeout_s=3", "--set", "run.train_for_env_steps=10000000",
+                     # long enough for the hang (~1 s in), its 3 s of silence and the replacement, however
+                     # fast the box: the healthy worker alone once reached a 150k-step end before that
+                     "--set", "run.train_for_seconds=12", runs_dir=tmp_path)
     assert run.wait(150) == 0, run.output
     assert "sent no heartbeat" in run.output and "replaced it" in run.output
     assert_counters_consistent(run.summary())

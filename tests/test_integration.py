@@ -21,7 +21,7 @@ def assert_clean(run: RunProcess) -> None:
 
 def test_short_run_trains_checkpoints_and_cleans_up(tmp_path):
     run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=40000",
-                     "--set", "sampler.num_inference_workers=1", runs_dir=tmp_path)
+                     "--set", "sampler.num_inference_workers=1", "--set", "sampler.num_splits=2", runs_dir=tmp_path)
     assert run.wait_for("return(last 100)", 60), run.output
     names = run.wait_for_child_names({"fastrl-learner", "fastrl-inferen", "fastrl-rollout"}, 60)
     # inference worker 0 built the starting network: the runner has not loaded torch (~2 CPU-s and

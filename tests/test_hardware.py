@@ -1,10 +1,14 @@
 """model.precision=auto: bf16 only where the CPU multiplies in bf16, and the choice is what the
-run records; an explicit bf16 on a CPU that emulates it is warned about, not silently slow."""
+run records; an explicit bf16 on a CPU that emulates it is warned about, not silently slow.
+system.learner_threads=auto follows the resolved precision."""
 
 from pathlib import Path
 
 from fastrl.config import load_config
-from fastrl.config.hardware import cpu_flags, precision_warning, resolve_auto, resolve_precision
+import pytest
+
+from fastrl.config.hardware import (cpu_flags, precision_warning, resolve_auto, resolve_learner_threads,
+                                     resolve_precision)
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma"}
@@ -24,8 +28,11 @@ def test_the_atari_presets_resolve_per_machine_and_keep_everything_else():
     for preset in ("atari_pong.yaml", "atari_breakout.yaml"):
         cfg = load_config(str(ROOT / "configs" / preset))
         assert cfg.model.precision == "auto"
-        on_avx2, on_zen4 = resolve_auto(cfg, AVX2), resolve_auto(cfg, ZEN4)
+        assert cfg.system.learner_threads == "auto"
+        on_avx2, on_zen4 = resolve_auto(cfg, AVX2, cores=2), resolve_auto(cfg, ZEN4, cores=2)
         assert on_avx2.model.precision == "fp32" and on_zen4.model.precision == "bf16"
+        assert on_avx2.system.learner_threads == 2 and on_zen4.system.learner_threads == 1
+        assert on_avx2.system.rollout_nice == cfg.system.rollout_nice
         assert on_avx2.algo == cfg.algo and on_avx2.model.encoder == cfg.model.encoder
 
 
@@ -41,3 +48,23 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\n")
     assert cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
     assert cpu_flags(tmp_path / "missing") is None
+
+
+def test_auto_learner_threads():
+    assert resolve_learner_threads("auto", "fp32", "cpu", cores=2) == 2
+    assert resolve_learner_threads("auto", "fp32", "cpu", cores=1) == 1
+    assert resolve_learner_threads("auto", "fp32", "cpu", cores=64) == 2
+    assert resolve_learner_threads("auto", "bf16", "cpu", cores=2) == 1
+    assert resolve_learner_threads("auto", "fp32", "cuda", cores=2) == 1
+    assert resolve_learner_threads(3, "bf16", "cpu", cores=2) == 3  # an explicit choice stays
+
+
+def test_learner_threads_accepts_auto_or_a_positive_int():
+    from fastrl.config.checks import check_config
+    from fastrl.config.loader import ConfigError
+
+    assert load_config(None, ["system.learner_threads=auto"]).system.learner_threads == "auto"
+    assert check_config(load_config(None, ["system.learner_threads=auto"])) == []
+    assert any("learner_threads must be >= 1" in p for p in check_config(load_config(None, ["system.learner_threads=0"])))
+    with pytest.raises(ConfigError, match="learner_threads"):
+        load_config(None, ["system.learner_threads=many"])

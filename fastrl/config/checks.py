@@ -51,9 +51,11 @@ def check_config(cfg: Config) -> list[str]:
         "sampler.num_splits": s.num_splits, "sampler.env_threads": s.env_threads,
         "sampler.rollout_len": s.rollout_len,
         "algo.batch_size": a.batch_size, "algo.num_epochs": a.num_epochs, "algo.num_minibatches": a.num_minibatches,
-        "system.learner_threads": sysc.learner_threads, "system.inference_threads": sysc.inference_threads,
+        "system.inference_threads": sysc.inference_threads,
         "run.train_for_env_steps": r.train_for_env_steps, "run.keep_checkpoints": r.keep_checkpoints,
     }
+    if sysc.learner_threads != "auto":
+        positive["system.learner_threads"] = sysc.learner_threads
     for key, value in positive.items():
         if value < 1:
             problems.append(f"{key} must be >= 1, got {value}")

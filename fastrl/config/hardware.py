@@ -4,7 +4,8 @@ bf16 only pays where the hardware multiplies in bf16: on an EPYC with AVX-512 BF
 trains ~1.6x faster than in fp32, but on an AVX2-only EPYC torch emulates it and the same training
 step is ~12x slower (980 vs 11,472 us per sample, 1 thread, batch 64;
 bench/precision_microbench.py). A preset that hard-wired bf16 crawls on such a machine, hence
-`model.precision: auto`.
+`model.precision: auto`; and how many threads the learner should take follows from it
+(`system.learner_threads: auto`).
 
 Reads /proc/cpuinfo rather than asking torch, so that resolving a config does not import torch
 (the rollout workers are spawned before the runner loads it).
@@ -13,6 +14,7 @@ Reads /proc/cpuinfo rather than asking torch, so that resolving a config does no
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from fastrl.config.schema import Config
@@ -58,10 +60,22 @@ def with_precision(cfg: Config, precision: str) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
 
 
-def resolve_auto(cfg: Config, flags: set[str] | None = None) -> Config:
+def resolve_learner_threads(learner_threads: int | str, precision: str, device: str,
+                            cores: int | None = None) -> int:
+    """`auto` (see SystemConfig.learner_threads) for a network that runs in `precision` (resolved)."""
+    if learner_threads != "auto":
+        return int(learner_threads)
+    if device != "cpu" or precision == "bf16":
+        return 1
+    return max(1, min(2, cores if cores is not None else (os.cpu_count() or 1)))
+
+
+def resolve_auto(cfg: Config, flags: set[str] | None = None, cores: int | None = None) -> Config:
     """The config with every hardware-dependent `auto` replaced by what this machine runs, so that
     the saved config.json records what actually ran."""
-    return with_precision(cfg, resolve_precision(cfg.model.precision, cfg.system.device, flags))
+    cfg = with_precision(cfg, resolve_precision(cfg.model.precision, cfg.system.device, flags))
+    threads = resolve_learner_threads(cfg.system.learner_threads, cfg.model.precision, cfg.system.device, cores)
+    return dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, learner_threads=threads))
 
 
 def precision_warning(cfg: Config, flags: set[str] | None = None) -> str | None:

@@ -102,7 +102,12 @@ class AlgoConfig:
 @dataclass
 class SystemConfig:
     device: Literal["cpu", "cuda"] = opt("cpu", "Device of the learner and the inference workers.")
-    learner_threads: int = opt(1, "torch intra-op threads in the learner.")
+    learner_threads: int | Literal["auto"] = opt(
+        1, "torch intra-op threads in the learner. auto: 1 where the network runs in bf16 on the CPU, else 2 "
+        "(at most the core count): on 2 cores a bf16 CNN learner trains fast enough that the samplers need "
+        "the second core, while an fp32 one leaves them most of it idle (Pong preset, fastrl bench train "
+        "stage: AVX-512 EPYC in bf16, 1 thread 1.11x faster than 2; AVX2 EPYC in fp32, 2 threads ~1.7x faster "
+        "than 1). On cuda, auto is 1.")
     learner_omp_wait: Literal["inherit", "active", "passive"] = opt(
         "inherit", "How the learner's OpenMP threads wait at a barrier (OMP_WAIT_POLICY, set before it loads "
         "torch). active spins, fastest when nothing else wants the core; passive sleeps at once, so when a "

@@ -145,10 +145,10 @@ class Runner:
 
             mode += f", rollout workers act in {acting_backend(cfg, self.spec)}"
         self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "
-                 f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} splits, {mode}, "
+                 f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} split(s), {mode}, "
                  f"{cfg.model.precision} network, {cfg.system.learner_threads} learner thread(s), "
-                 f"{self.ctx.bufs.num_slots} trajectory slots ({self.alloc.total_bytes / 2**20:.1f} MiB shared "
-                 f"{'' if self.ctx.weights.is_complete else 'before the weights'}), run dir {self.run_dir}")
+                 f"{self.ctx.bufs.num_slots} trajectory slots ({self.alloc.total_bytes / 2**20:.1f} MiB shared"
+                 f"{'' if self.ctx.weights.is_complete else ' before the weights'}), run dir {self.run_dir}")
 
     def _start_processes(self) -> None:
         """Spawn what produces the first sample in the order that gets it soonest on a small box.

@@ -41,9 +41,9 @@ class LayoutTensors:
 
     `module.state_dict()` costs 26-59 µs a call on the MLP presets, and the learner publishes
     after every optimizer step: with it and a copy per tensor, publishing took 100 µs of
-    HalfCheetah's ~1,400 µs step, against 23 µs now with one `torch.cat` into the block. Each tensor is looked up in
-    its owner's table at every call, so a parameter whose `.data` was replaced (`module.to(...)`)
-    or a reassigned buffer is still the one read.
+    HalfCheetah's ~1,400 µs step, against 23 µs now with one `torch.cat` into the block. Each
+    tensor is looked up in its owner's table at every call, so a parameter whose `.data` was
+    replaced (`module.to(...)`) or a reassigned buffer is still the one read.
     """
 
     def __init__(self, module: torch.nn.Module, layout: list[tuple[str, tuple, int]]):

@@ -23,10 +23,14 @@ MIN_NUMEL_NO_GRAD = 1024
 MIN_NUMEL_GRAD = 16384
 
 
+def _numpy_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.tanh(x.detach().numpy()))
+
+
 class _NumpyTanh(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = torch.from_numpy(np.tanh(x.detach().numpy()))
+        y = _numpy_tanh(x)
         ctx.save_for_backward(y)
         return y
 
@@ -42,7 +46,7 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x)
     if x.requires_grad:
         return _NumpyTanh.apply(x) if x.numel() >= MIN_NUMEL_GRAD else torch.tanh(x)
-    return torch.from_numpy(np.tanh(x.numpy())) if x.numel() >= MIN_NUMEL_NO_GRAD else torch.tanh(x)
+    return _numpy_tanh(x) if x.numel() >= MIN_NUMEL_NO_GRAD else torch.tanh(x)
 
 
 class Tanh(nn.Module):

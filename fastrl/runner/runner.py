@@ -235,6 +235,9 @@ class Runner:
                     last_report = time.monotonic()
                     self._report(stats, control)
             self.say(f"stopping: {self.failure or self.stop_reason}")
+            # what the stop check saw; episodes reported while the workers shut down still join the
+            # final mean below, which can therefore differ from the value that ended the run
+            mean_return_at_stop = stats.mean_score
             if serial is not None:
                 serial.close()
             else:
@@ -242,7 +245,7 @@ class Runner:
             self._handle_reports(channels, stats, 0.05)
             stats.on_env_steps(base_env_steps + control.total_env_steps())
             summary = stats.summary()
-            summary.update(stop_reason=self.stop_reason, failure=self.failure,
+            summary.update(stop_reason=self.stop_reason, failure=self.failure, mean_return_at_stop=mean_return_at_stop,
                            worker_restarts={} if self.supervisor is None else self.supervisor.restarts_total,
                            env_steps_lost_in_worker_faults=0 if self.supervisor is None else self.supervisor.lost_env_steps,
                            nonfinite_transitions_masked=int(control.nonfinite.array.sum()),
@@ -314,6 +317,9 @@ def finished_reason(cfg: Config, stats: RunStats) -> str | None:
 def format_summary(summary: dict, run_dir: Path) -> str:
     ret = summary["final_mean_return"]
     ret_text = "n/a" if ret is None else f"{ret:.2f} over the last {summary['episodes_in_mean']} episodes"
+    at_stop = summary.get("mean_return_at_stop")
+    if ret is not None and at_stop is not None and round(at_stop, 2) != round(ret, 2):
+        ret_text += f" ({at_stop:.2f} when the run stopped; episodes reported during shutdown joined it)"
     frames = ""
     if summary["frames_per_env_step"] > 1:
         frames = f" ({summary['frames']:,} frames)"

@@ -7,7 +7,7 @@ tests/test_vtrace.py against the paper-notation reference.
 
 It trains with the 4-epoch recipe those checks were made with (lr 1e-3, default slots), not the
 preset's 1-epoch one: seed 1 of the preset, 8 runs, needed 217k-657k env steps (one over 500k),
-where the 4-epoch recipe needs ~190-250k. Everything else (processes, envs, buffers) is the preset's."""
+where the 4-epoch recipe needed 174k-249k over seeds 1-10. Everything else (processes, envs, buffers) is the preset's."""
 
 import pytest
 

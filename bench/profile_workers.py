@@ -1,8 +1,9 @@
 """Where each worker's CPU goes, per env step: py-spy samples of a live training run, by category.
 
 Starts `fastrl train` on a preset, lets it warm up, then for `--seconds` samples every child
-process with py-spy (Python stacks, active samples only) while reading each thread's CPU time
-from /proc. A process's main-thread CPU is split over categories in proportion to its samples;
+process with py-spy (Python stacks; samples asleep in a wait or inside envpool's C++ recv are
+recognised by their frames and set aside) while reading each thread's CPU time from /proc. A
+process's main-thread CPU is split over the remaining categories in proportion to their samples;
 CPU of its other threads (envpool's C++ stepping threads, torch's intra-op pool) is reported as
 its own row, because py-spy cannot see into them. Every figure is CPU microseconds per env step
 of the whole run over the window, so rows add up to the CPU cost of one env step.
@@ -45,7 +46,7 @@ CATEGORIES = [
     ("action sampling", ("ActorCritic.sample",)),
     ("policy forward + action sampling (numpy)", ("NumpyPolicy.",)),
     ("acting: slot reads/writes, weight refresh", ("PolicyActor.",)),
-    ("envpool send/recv (caller thread)", ("EnvpoolSplit.", "GymnasiumSplit.", "envpool/")),
+    ("envpool send/recv: Python side (caller thread)", ("EnvpoolSplit.", "GymnasiumSplit.", "envpool/")),
     ("non-finite checks", ("_mask_nonfinite",)),
     ("trajectory writes + episode stats", ("RolloutWorker._record",)),
     ("ring traffic (push/pop/wake)", ("ipc/rings.py",)),
@@ -59,6 +60,26 @@ OTHER = "other Python"
 # that is running, so samples are taken with --idle and the waits are recognised by their frames.
 WAITING = "(asleep waiting)"
 WAIT_MARKERS = ("wait_any (", "Doorbell.wait", "sleep (", "time.sleep")
+# Nor a thread blocked on envpool's semaphore inside its C++ recv: with --idle, and even without,
+# py-spy puts most of a HalfCheetah rollout worker's samples there, while perf's on-CPU samples of
+# the same thread find ~80% of its CPU in Python and numpy and ~20% in envpool, libc and the kernel.
+# Those samples are set aside like the waits; the C++ call's own CPU (waking the env thread,
+# building the output arrays) is then spread over the rows in proportion, which py-spy cannot avoid.
+IN_ENVPOOL = "(inside envpool's C++ recv)"
+
+
+def _envpool_recv_leaves() -> tuple[str, ...]:
+    """Leaf frames, as py-spy names them, of a main thread inside envpool's C++ recv."""
+    import inspect
+
+    from fastrl.envs.vector import _DirectCalls
+
+    lines, first = inspect.getsourcelines(_DirectCalls.recv)
+    at = [first + i for i, line in enumerate(lines) if "self.recv_raw()" in line]
+    return tuple(f"_DirectCalls.recv (fastrl/envs/vector.py:{n})" for n in at)
+
+
+ENVPOOL_RECV_LEAVES = _envpool_recv_leaves()
 NATIVE_THREADS = {"rollout": "envpool C++ threads (env stepping)", "inference": "torch intra-op threads",
                   "learner": "torch intra-op threads"}
 
@@ -67,6 +88,9 @@ def classify(stack: str) -> str:
     leaf = stack.rsplit(";", 2)[-2:]  # the wait must be where the thread is now, not just on its stack
     if any(m in frame for frame in leaf for m in WAIT_MARKERS):
         return WAITING
+    innermost = leaf[-1]
+    if innermost in ENVPOOL_RECV_LEAVES or ("envpool/python/" in innermost and ".recv (" in innermost):
+        return IN_ENVPOOL
     for name, needles in CATEGORIES:
         if any(n in stack for n in needles):
             return name
@@ -153,16 +177,20 @@ def profile(args) -> dict:
     env_steps = max(steps1 - steps0, 1)
     table: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     asleep: dict[str, list] = defaultdict(list)
+    in_recv: dict[str, list] = defaultdict(list)
     for name in children:
         kind = name.split("-")[0]
         samples = read_collapsed(work / f"{name}.txt") if (work / f"{name}.txt").exists() else Counter()
         main_s = cpu1[name][0] - cpu0[name][0]
         other_s = cpu1[name][1] - cpu0[name][1]
         waiting = samples.pop(WAITING, 0)
+        in_envpool = samples.pop(IN_ENVPOOL, 0)
         total = sum(samples.values()) or 1
         for cat, n in samples.items():
             table[kind][cat] += main_s * n / total / env_steps * 1e6
-        asleep[kind].append(waiting / max(waiting + total, 1))
+        all_samples = max(waiting + in_envpool + total, 1)
+        asleep[kind].append(waiting / all_samples)
+        in_recv[kind].append(in_envpool / all_samples)
         table[kind][NATIVE_THREADS[kind]] += other_s / env_steps * 1e6
     if args.keep:
         shutil.copytree(work, args.keep, dirs_exist_ok=True)  # the raw py-spy stacks, for a flame graph
@@ -170,7 +198,8 @@ def profile(args) -> dict:
     return {"config": args.config, "overrides": args.set, "window_s": wall1 - wall0, "env_steps": env_steps,
             "env_steps_per_s": env_steps / max(wall1 - wall0, 1e-9),
             "cpu_us_per_env_step": {k: dict(v) for k, v in table.items()},
-            "main_thread_asleep_fraction": {k: sum(v) / len(v) for k, v in asleep.items()}}
+            "main_thread_asleep_fraction": {k: sum(v) / len(v) for k, v in asleep.items()},
+            "main_thread_in_envpool_recv_fraction": {k: sum(v) / len(v) for k, v in in_recv.items()}}
 
 
 def format_report(doc: dict) -> str:
@@ -182,7 +211,11 @@ def format_report(doc: dict) -> str:
         subtotal = sum(rows.values())
         grand += subtotal
         asleep = doc["main_thread_asleep_fraction"].get(kind, 0.0)
-        lines.append(f"  {kind:<10} {subtotal:9.1f}   (main thread asleep on its doorbell {asleep:.0%} of the window)")
+        in_recv = doc.get("main_thread_in_envpool_recv_fraction", {}).get(kind, 0.0)
+        where = f"asleep on its doorbell {asleep:.0%} of the window"
+        if in_recv:
+            where += f", inside envpool's C++ recv {in_recv:.0%}"
+        lines.append(f"  {kind:<10} {subtotal:9.1f}   (main thread {where})")
         for cat, us in sorted(rows.items(), key=lambda kv: -kv[1]):
             if us >= 0.01:
                 lines.append(f"      {cat:<38} {us:9.2f}  {100 * us / max(subtotal, 1e-9):5.1f}%")

@@ -66,6 +66,8 @@ WAIT_MARKERS = ("wait_any (", "Doorbell.wait", "sleep (", "time.sleep")
 # Those samples are set aside like the waits; the C++ call's own CPU (waking the env thread,
 # building the output arrays) is then spread over the rows in proportion, which py-spy cannot avoid.
 IN_ENVPOOL = "(inside envpool's C++ recv)"
+# buckets kept out of the CPU split, each with the key its share of the window is reported under
+SET_ASIDE = {WAITING: "main_thread_asleep_fraction", IN_ENVPOOL: "main_thread_in_envpool_recv_fraction"}
 
 
 def _envpool_recv_leaves() -> tuple[str, ...]:
@@ -176,21 +178,19 @@ def profile(args) -> dict:
             os.killpg(run.pid, signal.SIGKILL)
     env_steps = max(steps1 - steps0, 1)
     table: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    asleep: dict[str, list] = defaultdict(list)
-    in_recv: dict[str, list] = defaultdict(list)
+    set_aside_shares: dict[str, dict[str, list]] = {key: defaultdict(list) for key in SET_ASIDE.values()}
     for name in children:
         kind = name.split("-")[0]
         samples = read_collapsed(work / f"{name}.txt") if (work / f"{name}.txt").exists() else Counter()
         main_s = cpu1[name][0] - cpu0[name][0]
         other_s = cpu1[name][1] - cpu0[name][1]
-        waiting = samples.pop(WAITING, 0)
-        in_envpool = samples.pop(IN_ENVPOOL, 0)
+        aside = {bucket: samples.pop(bucket, 0) for bucket in SET_ASIDE}
         total = sum(samples.values()) or 1
         for cat, n in samples.items():
             table[kind][cat] += main_s * n / total / env_steps * 1e6
-        all_samples = max(waiting + in_envpool + total, 1)
-        asleep[kind].append(waiting / all_samples)
-        in_recv[kind].append(in_envpool / all_samples)
+        all_samples = max(sum(aside.values()) + total, 1)
+        for bucket, key in SET_ASIDE.items():
+            set_aside_shares[key][kind].append(aside[bucket] / all_samples)
         table[kind][NATIVE_THREADS[kind]] += other_s / env_steps * 1e6
     if args.keep:
         shutil.copytree(work, args.keep, dirs_exist_ok=True)  # the raw py-spy stacks, for a flame graph
@@ -198,8 +198,7 @@ def profile(args) -> dict:
     return {"config": args.config, "overrides": args.set, "window_s": wall1 - wall0, "env_steps": env_steps,
             "env_steps_per_s": env_steps / max(wall1 - wall0, 1e-9),
             "cpu_us_per_env_step": {k: dict(v) for k, v in table.items()},
-            "main_thread_asleep_fraction": {k: sum(v) / len(v) for k, v in asleep.items()},
-            "main_thread_in_envpool_recv_fraction": {k: sum(v) / len(v) for k, v in in_recv.items()}}
+            **{key: {k: sum(v) / len(v) for k, v in shares.items()} for key, shares in set_aside_shares.items()}}
 
 
 def format_report(doc: dict) -> str:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+import fastrl.algo.appo as appo
 from fastrl.algo.appo import APPOTrainer, scheduled_lr
 from fastrl.bench.components import synthetic_batch
 from fastrl.config import check_config, load_config
@@ -56,6 +57,41 @@ def test_sample_minibatches_take_the_same_step_as_trajectory_minibatches_over_on
         assert abs(s_traj[key] - s_samp[key]) <= 1e-5 * max(1.0, abs(s_traj[key])), key
     for name in w_traj:
         assert torch.allclose(w_traj[name], w_samp[name], atol=2e-5), name
+
+
+def test_chunked_no_grad_forward_gives_the_whole_batch_targets(monkeypatch):
+    """The batch's V-trace forward runs in pieces when its observations are large (Pong); the
+    targets must be those of one pass over the whole batch, whatever the piece size."""
+    trainer, batch, _ = _trainer_and_batch(["algo.minibatch_unit=samples"])
+    batch["log_probs"] = torch.randn(batch["log_probs"].shape) * 0.1 - 0.7
+    batch = dict(batch, train_mask=batch["valid"].bool())
+    whole = trainer._flat_samples_with_targets(batch)
+    row_bytes = batch["obs"][0, 0].numel() * batch["obs"].element_size()
+    T1, B = batch["obs"].shape[:2]
+    for rows in (1, 7, T1 * B - 1):  # uneven pieces, and a last piece of one row
+        monkeypatch.setattr(appo, "NO_GRAD_CHUNK_BYTES", rows * row_bytes)
+        pieces = trainer._flat_samples_with_targets(batch)
+        for key in ("vs", "pg_advantages"):
+            assert torch.allclose(pieces[key], whole[key], atol=1e-5), (rows, key)
+
+
+def test_minibatch_observations_are_the_drawn_samples_in_every_step():
+    """Minibatch observations are gathered into one reused buffer; each step must still see
+    exactly the samples its indices name."""
+    for unit, dim in (("samples", 0), ("trajectories", 1)):
+        trainer, batch, _ = _trainer_and_batch(["algo.num_epochs=2", "algo.num_minibatches=4",
+                                                f"algo.minibatch_unit={unit}"])
+        T, B = batch["rewards"].shape
+        obs = batch["obs"]
+        # tag each sample's observation with its position, and carry the position in the log-prob
+        obs[:] = torch.arange(obs.shape[0] * B, dtype=obs.dtype).reshape(obs.shape[0], B, *[1] * (obs.dim() - 2))
+        batch["log_probs"] = torch.arange(T * B, dtype=torch.float32).reshape(T, B)
+        batch = dict(batch, train_mask=batch["valid"].bool())
+        for mb, _ in trainer._minibatches(batch):
+            if unit == "samples":
+                assert torch.equal(mb["obs"][:, 0], mb["log_probs"])
+            else:  # [T+1, b]: column j is trajectory b_j, its first T rows the steps of the log-probs
+                assert torch.equal(mb["obs"][:-1, :, 0], mb["log_probs"])
 
 
 def test_sample_minibatches_cover_every_sample_once_per_epoch_across_many_trajectories():

@@ -53,3 +53,19 @@ def test_bf16_gradients_reach_fp32_weights_and_agree_in_direction():
     assert all(p.dtype == torch.float32 for p in bf16.parameters())
     cosine = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)
     assert cosine > 0.99
+
+
+def test_channels_last_bf16_input_is_the_same_conversion_as_the_plain_layout():
+    """The learner's CNN runs channels-last and converts bf16 frames in two steps (cast, then
+    relayout); the network's outputs must equal those of the same weights in the plain layout."""
+    _, bf16 = _pair(PONG, encoder="nature_cnn", hidden_sizes=[512], activation="relu", shared_encoder=True)
+    channels_last = ActorCritic(PONG, ModelConfig(precision="bf16", encoder="nature_cnn", hidden_sizes=[512],
+                                                  activation="relu", shared_encoder=True))
+    channels_last.load_state_dict(bf16.state_dict())
+    channels_last.to(memory_format=torch.channels_last)
+    obs = _obs(PONG, 16)
+    with torch.no_grad():
+        (p_plain, v_plain), (p_cl, v_cl) = bf16(obs), channels_last(obs)
+    scale = p_plain.abs().max() + v_plain.abs().max()
+    # the same bf16 inputs; only the convolution's summation order may differ between layouts
+    assert (p_cl - p_plain).abs().max() < 0.01 * scale and (v_cl - v_plain).abs().max() < 0.01 * scale

@@ -27,7 +27,7 @@ from fastrl.config.checks import envs_per_split, rollout_workers_act
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec, make_split
 from fastrl.workers.learner import build_learner_model
-from fastrl.workers.process import name_process_and_die_with_parent
+from fastrl.workers.process import keep_freed_heap, name_process_and_die_with_parent
 
 Progress = Callable[[float, str], None]  # (fraction done, text)
 ACTION_POOL = 16  # random action batches cycled through, so the stage does not time the RNG
@@ -177,6 +177,8 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     model = ActorCritic(spec, cfg.model).eval()
     obs = random_obs(spec, (batch,), torch.Generator().manual_seed(0))
     backend = acting_backend(cfg, spec) if rollout_workers_act(cfg) else "torch"
+    if backend == "torch":
+        keep_freed_heap(cfg.system.heap_keep_mib)  # as a process acting with torch does
     if backend == "numpy":
         policy = NumpyPolicy.from_module(model, spec, cfg.model.activation)
         obs_np, rng = obs.numpy(), np.random.default_rng(0)
@@ -217,6 +219,7 @@ def synthetic_batch(cfg: Config, spec: EnvSpec, seed: int = 0) -> dict:
 
 def bench_learn(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> ComponentResult:
     torch.set_num_threads(cfg.system.learner_threads)
+    keep_freed_heap(cfg.system.heap_keep_mib)  # as the learner process does
     torch.manual_seed(cfg.run.seed)
     model = build_learner_model(spec, cfg)
     trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag)

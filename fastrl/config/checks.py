@@ -73,7 +73,8 @@ def check_config(cfg: Config) -> list[str]:
             problems.append(f"system.{key} must be in [0, 19] (a process may only lower its own priority), "
                             f"got {getattr(sysc, key)}")
     for key, value in {"algo.value_coef": a.value_coef, "algo.entropy_coef": a.entropy_coef,
-                       "sampler.num_inference_workers": s.num_inference_workers}.items():
+                       "sampler.num_inference_workers": s.num_inference_workers,
+                       "system.heap_keep_mib": sysc.heap_keep_mib}.items():
         if value < 0:
             problems.append(f"{key} must be >= 0, got {value}")
     if r.train_for_seconds is not None and r.train_for_seconds <= 0:

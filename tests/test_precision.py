@@ -69,3 +69,41 @@ def test_channels_last_bf16_input_is_the_same_conversion_as_the_plain_layout():
     scale = p_plain.abs().max() + v_plain.abs().max()
     # the same bf16 inputs; only the convolution's summation order may differ between layouts
     assert (p_cl - p_plain).abs().max() < 0.01 * scale and (v_cl - v_plain).abs().max() < 0.01 * scale
+
+
+@pytest.mark.parametrize("spec, model", [(PONG, {"encoder": "nature_cnn", "hidden_sizes": [512],
+                                                 "activation": "relu", "shared_encoder": True}),
+                                         (CHEETAH, {"normalize_obs": True, "shared_encoder": False})],
+                         ids=["cnn", "mlp"])
+def test_layer_weights_held_in_bf16_give_exactly_the_autocast_outputs(spec, model):
+    """An inference worker keeps its bf16 layers' weights in bf16 instead of letting autocast cast
+    them at every forward: the same roundings, so the same outputs to the bit, and what is loaded
+    into them later (fp32 published weights) is rounded the same way."""
+    _, autocast = _pair(spec, **model)
+    held = ActorCritic(spec, ModelConfig(precision="bf16", **model))
+    held.load_state_dict(autocast.state_dict())
+    held.hold_layer_weights_in_bf16()
+    layer_dtypes = {p.dtype for m in held.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))
+                    for p in m.parameters()}
+    assert layer_dtypes == {torch.bfloat16}
+    if not spec.discrete:
+        assert held.log_std.dtype == torch.float32 and held.normalizer.mean.dtype == torch.float32
+    obs = _obs(spec)
+    with torch.inference_mode():
+        for a, b in zip(autocast(obs), held(obs)):
+            assert b.dtype == torch.float32 and torch.equal(a, b)
+    # new fp32 weights arrive: copied into the bf16 layers, they give autocast's outputs again
+    with torch.no_grad():
+        for p in autocast.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+        for (name, src), dst in zip(autocast.state_dict().items(), held.state_dict().values()):
+            dst.copy_(src)
+    with torch.inference_mode():
+        for a, b in zip(autocast(obs), held(obs)):
+            assert torch.equal(a, b)
+
+
+def test_an_fp32_model_keeps_fp32_layers():
+    fp32, _ = _pair(CHEETAH, normalize_obs=True)
+    fp32.hold_layer_weights_in_bf16()
+    assert all(p.dtype == torch.float32 for p in fp32.parameters())

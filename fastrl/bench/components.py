@@ -188,6 +188,8 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
             policy.sample(params, rng)
             return batch
     else:
+        model.hold_layer_weights_in_bf16()  # as a worker acting with torch holds them (a no-op in fp32)
+
         def step() -> int:
             with torch.inference_mode():
                 params, _ = model(obs)

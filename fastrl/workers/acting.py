@@ -32,9 +32,9 @@ class TorchForward:
         # fastrl.workers.inference) has it at hand; any other reader overwrites it with what it reads
         self.model = seeded_model(ctx.spec, ctx.cfg.model, ctx.cfg.run.seed).to(self.device).eval()
         self.staging = None  # once the weights' data block exists (SharedWeights.attach)
-        # bf16 layers are cast once, at the first load: until then this fp32 network may be the
-        # one inference worker 0 publishes as the run's starting weights
-        self.weights_in_bf16 = False
+        # a bf16 network's layers are cast once, at the first load: until then this fp32 network
+        # may be the one inference worker 0 publishes as the run's starting weights
+        self.layers_cast = False
         torch.manual_seed(seed)  # action sampling: reproducible in serial mode
 
     def read(self, weights) -> int | None:
@@ -44,9 +44,9 @@ class TorchForward:
             self.staging = weights.new_staging()
         version = weights.try_read(self.staging)
         if version is not None:
-            if not self.weights_in_bf16:
+            if not self.layers_cast:
                 self.model.hold_layer_weights_in_bf16()
-                self.weights_in_bf16 = True
+                self.layers_cast = True
             staging = self.staging.to(self.device) if self.device.type != "cpu" else self.staging
             weights.load_into(self.model, staging)
         return version

@@ -6,7 +6,9 @@ Trains the preset's network with its optimizer settings on `fastrl bench`'s synt
 learn stage's), wrapping each phase of `APPOTrainer.train` in a timer: the network's forward, the
 distribution's log-prob and entropy, V-trace, the loss, backward, gradient clipping, Adam; "other"
 is the rest of the loop (minibatch gathers, statistics, the generator). Figures are wall
-microseconds per optimizer step, medians over batches; the learner's torch threads as configured.
+microseconds per optimizer step, medians over batches; the learner's torch threads and heap setting
+as configured. The last line gives page faults and system time per batch (`--set
+system.heap_keep_mib=0` shows glibc's defaults).
 Timings on 2 shared cores drift by 20% between processes: compare variants in one run of this
 script only through `--set`, or with `fastrl bench`'s learn stage via bench/side_by_side.py.
 """
@@ -14,6 +16,7 @@ script only through `--set`, or with `fastrl bench`'s learn stage via bench/side
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 from collections import defaultdict
@@ -26,6 +29,7 @@ from fastrl.config.hardware import resolve_auto
 from fastrl.config.loader import load_config
 from fastrl.envs.spec import resolve_env
 from fastrl.workers.learner import build_learner_model
+from fastrl.workers.process import keep_freed_heap
 
 PHASES = ("forward", "log_prob", "entropy", "vtrace", "loss", "backward", "clip", "adam")
 
@@ -49,6 +53,7 @@ def main() -> None:
     cfg = resolve_auto(load_config(args.config, args.overrides))
     spec = resolve_env(cfg.env)
     torch.set_num_threads(cfg.system.learner_threads)
+    keep_freed_heap(cfg.system.heap_keep_mib)  # as the learner process does
     torch.manual_seed(cfg.run.seed)
     trainer = appo.APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag)
     batch = synthetic_batch(cfg, spec)
@@ -73,6 +78,7 @@ def main() -> None:
         for _ in range(3):  # warm-up: allocator, first-call paths
             batch["policy_version"].fill_(trainer.policy_version)
             trainer.train(batch)
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
         while time.perf_counter() - started < args.seconds:
             spent.clear()
@@ -84,6 +90,7 @@ def main() -> None:
             row["other"] = total - sum(row.values())
             row["total"] = total
             per_batch.append(row)
+        usage1 = resource.getrusage(resource.RUSAGE_SELF)
     finally:
         torch.Tensor.backward = backward
         for name, fn in originals.items():
@@ -97,6 +104,10 @@ def main() -> None:
     for phase in (*PHASES, "other", "total"):
         us = statistics.median(r[phase] for r in per_batch) / steps_per_batch * 1e6
         print(f"{phase:<10}{us:>24,.0f}{us / (total / steps_per_batch * 1e6):>8.0%}")
+    n = max(len(per_batch), 1)
+    print(f"per batch: {(usage1.ru_minflt - usage0.ru_minflt) / n:,.0f} page faults, "
+          f"{(usage1.ru_stime - usage0.ru_stime) / n * 1e3:,.1f} ms of system time "
+          f"(system.heap_keep_mib={cfg.system.heap_keep_mib})")
 
 
 if __name__ == "__main__":

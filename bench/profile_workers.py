@@ -66,8 +66,9 @@ WAIT_MARKERS = ("wait_any (", "Doorbell.wait", "sleep (", "time.sleep")
 # Those samples are set aside like the waits; the C++ call's own CPU (waking the env thread,
 # building the output arrays) is then spread over the rows in proportion, which py-spy cannot avoid.
 IN_ENVPOOL = "(inside envpool's C++ recv)"
-# buckets kept out of the CPU split, each with the key its share of the window is reported under
-SET_ASIDE = {WAITING: "main_thread_asleep_fraction", IN_ENVPOOL: "main_thread_in_envpool_recv_fraction"}
+# buckets kept out of the CPU split: the key their share of the window is reported under, and its wording
+SET_ASIDE = {WAITING: ("main_thread_asleep_fraction", "asleep on its doorbell"),
+             IN_ENVPOOL: ("main_thread_in_envpool_recv_fraction", "inside envpool's C++ recv")}
 
 
 def _envpool_recv_leaves() -> tuple[str, ...]:
@@ -178,7 +179,7 @@ def profile(args) -> dict:
             os.killpg(run.pid, signal.SIGKILL)
     env_steps = max(steps1 - steps0, 1)
     table: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    set_aside_shares: dict[str, dict[str, list]] = {key: defaultdict(list) for key in SET_ASIDE.values()}
+    set_aside_shares: dict[str, dict[str, list]] = {key: defaultdict(list) for key, _ in SET_ASIDE.values()}
     for name in children:
         kind = name.split("-")[0]
         samples = read_collapsed(work / f"{name}.txt") if (work / f"{name}.txt").exists() else Counter()
@@ -189,7 +190,7 @@ def profile(args) -> dict:
         for cat, n in samples.items():
             table[kind][cat] += main_s * n / total / env_steps * 1e6
         all_samples = max(sum(aside.values()) + total, 1)
-        for bucket, key in SET_ASIDE.items():
+        for bucket, (key, _) in SET_ASIDE.items():
             set_aside_shares[key][kind].append(aside[bucket] / all_samples)
         table[kind][NATIVE_THREADS[kind]] += other_s / env_steps * 1e6
     if args.keep:
@@ -209,11 +210,10 @@ def format_report(doc: dict) -> str:
         rows = doc["cpu_us_per_env_step"].get(kind, {})
         subtotal = sum(rows.values())
         grand += subtotal
-        asleep = doc["main_thread_asleep_fraction"].get(kind, 0.0)
-        in_recv = doc.get("main_thread_in_envpool_recv_fraction", {}).get(kind, 0.0)
-        where = f"asleep on its doorbell {asleep:.0%} of the window"
-        if in_recv:
-            where += f", inside envpool's C++ recv {in_recv:.0%}"
+        # the first bucket always (with "of the window"), the others where they hold samples
+        shares = [(wording, doc[key].get(kind, 0.0)) for key, wording in SET_ASIDE.values()]
+        where = ", ".join(f"{wording} {share:.0%}" + (" of the window" if i == 0 else "")
+                          for i, (wording, share) in enumerate(shares) if i == 0 or share)
         lines.append(f"  {kind:<10} {subtotal:9.1f}   (main thread {where})")
         for cat, us in sorted(rows.items(), key=lambda kv: -kv[1]):
             if us >= 0.01:

@@ -96,7 +96,7 @@ def test_layer_weights_held_in_bf16_give_exactly_the_autocast_outputs(spec, mode
     with torch.no_grad():
         for p in autocast.parameters():
             p.add_(torch.randn_like(p) * 0.01)
-        for (name, src), dst in zip(autocast.state_dict().items(), held.state_dict().values()):
+        for src, dst in zip(autocast.state_dict().values(), held.state_dict().values()):
             dst.copy_(src)
     with torch.inference_mode():
         for a, b in zip(autocast(obs), held(obs)):

@@ -2,7 +2,8 @@
 
 from setuptools import Extension, setup
 
-# the learner's pieces share one header for the buffer protocol (numpy views of CPU tensors)
+# the learner's pieces and the rollout worker's recorder share one header for the buffer protocol
+# (numpy arrays and views of CPU tensors)
 LEARNER_HEADERS = ["fastrl_ext/src/buffer_view.h"]
 
 
@@ -17,5 +18,6 @@ setup(
         native_module("rings"),
         native_module("vtrace", LEARNER_HEADERS),
         native_module("appo_loss", LEARNER_HEADERS),
+        native_module("record", LEARNER_HEADERS),
     ],
 )

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +24,7 @@ import torch
 
 from fastrl.algo.appo_loss import appo_loss
 from fastrl.algo.vtrace import vtrace
+from fastrl.bench.measure import alternated_us_per_call
 
 VTRACE_SHAPES = {"HalfCheetah minibatch": (64, 4), "CartPole minibatch": (32, 16), "Pong batch": (32, 32)}
 LOSS_SHAPES = {"HalfCheetah minibatch": (64, 4), "CartPole minibatch": (32, 16), "Pong minibatch": (64,)}
@@ -56,15 +55,6 @@ def loss_call(shape: tuple, native: bool) -> Callable[[], None]:
     return call
 
 
-def us_per_call(call: Callable[[], None], seconds: float) -> float:
-    n, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        for _ in range(50):
-            call()
-        n += 50
-    return (time.perf_counter() - started) / n * 1e6
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -76,11 +66,7 @@ def main() -> None:
     for piece, shapes, make in (("vtrace", VTRACE_SHAPES, vtrace_call), ("appo_loss", LOSS_SHAPES, loss_call)):
         for label, shape in shapes.items():
             calls = {"torch": make(shape, False), "native": make(shape, True)}
-            runs: dict[str, list] = {impl: [] for impl in calls}
-            for _ in range(args.rounds):
-                for impl, call in calls.items():
-                    runs[impl].append(us_per_call(call, args.seconds))
-            results[f"{piece}: {label}"] = {impl: statistics.median(v) for impl, v in runs.items()} | {
+            results[f"{piece}: {label}"] = alternated_us_per_call(calls, args.rounds, args.seconds) | {
                 "shape": list(shape)}
     print(f"{'piece: shape':<36}{'shape':>10}{'torch us':>12}{'native us':>12}{'speed-up':>10}")
     for label, r in results.items():

@@ -48,7 +48,7 @@ CATEGORIES = [
     ("acting: slot reads/writes, weight refresh", ("PolicyActor.",)),
     ("envpool send/recv: Python side (caller thread)", ("EnvpoolSplit.", "GymnasiumSplit.", "envpool/")),
     ("non-finite checks", ("_mask_nonfinite",)),
-    ("trajectory writes + episode stats", ("RolloutWorker._record",)),
+    ("trajectory writes + episode stats", ("RolloutWorker._record", "Recorder.")),
     ("ring traffic (push/pop/wake)", ("ipc/rings.py",)),
     ("heartbeat + counters", ("buffers/control.py",)),
     ("reports", ("put_report", "MsgRing")),

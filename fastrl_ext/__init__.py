@@ -10,14 +10,18 @@ is the reference (tests/test_vtrace.py checks both against the paper). `algo.nat
 `_appo_loss`: the APPO loss and its gradient in one C++ pass, for CPU tensors;
 `fastrl.algo.appo_loss.appo_loss_torch` is the reference (tests/test_appo_loss.py checks both against
 the formulas and each other's gradients). `algo.native_loss` picks.
+
+`_record`: a rollout worker's writes of one env step into its trajectory slot, from envpool's raw
+outputs; `fastrl.workers.recording.PythonRecorder` is the reference (tests/test_recording.py checks
+they write the same bytes). `system.native_record` picks.
 """
 
 try:
-    from fastrl_ext import _appo_loss, _rings, _vtrace
+    from fastrl_ext import _appo_loss, _record, _rings, _vtrace
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _appo_loss = _rings = _vtrace = None
+    _appo_loss = _record = _rings = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_appo_loss", "_rings", "_vtrace", "BUILD_ERROR"]
+__all__ = ["_appo_loss", "_record", "_rings", "_vtrace", "BUILD_ERROR"]

@@ -69,9 +69,12 @@ def env_worker(cfg: Config, spec: EnvSpec, index: int, counters) -> None:
     for env in envs:
         env.reset()
         env.send(pool[0])
+    # envpool's outputs as they come, as the rollout workers' native recorder takes them: the stage
+    # times the envs, not the Step a Python caller would build around them
+    recvs = [getattr(env, "recv_raw", env.recv) for env in envs]
     k = i = 0
     while counters[-1] == 0:
-        envs[k].recv()
+        recvs[k]()
         counters[index] += n_envs
         i = (i + 1) % ACTION_POOL
         envs[k].send(pool[i])  # this group steps while the loop collects the next one

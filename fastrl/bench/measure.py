@@ -1,5 +1,6 @@
 """How `fastrl bench` turns counters into figures: rates over repeated windows (median and
-spread, never a single number), and per-process CPU and memory of a process tree.
+spread, never a single number), per-process CPU and memory of a process tree, and the timing
+loop of the microbenchmarks in bench/ (implementations alternated, medians).
 
 Memory is reported as PSS (proportional set size) as well as RSS: the trajectory slots are
 mapped by every process, and summed RSS would count them once per process.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import psutil
 
@@ -168,3 +170,23 @@ def available_cores() -> int:
         return len(psutil.Process().cpu_affinity())
     except (AttributeError, psutil.Error):
         return psutil.cpu_count() or 1
+
+
+def us_per_call(call: Callable[[], None], seconds: float) -> float:
+    """Wall microseconds per call of `call`, run in blocks of 50 for about `seconds`."""
+    n, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for _ in range(50):
+            call()
+        n += 50
+    return (time.perf_counter() - started) / n * 1e6
+
+
+def alternated_us_per_call(calls: dict[str, Callable[[], None]], rounds: int, seconds: float) -> dict[str, float]:
+    """Median µs per call of each implementation, timed in turn `rounds` times so that the host's
+    drift hits them alike."""
+    runs: dict[str, list] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            runs[name].append(us_per_call(call, seconds))
+    return {name: statistics.median(v) for name, v in runs.items()}

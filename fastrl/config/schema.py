@@ -138,6 +138,10 @@ class SystemConfig:
     native_rings: bool = opt(
         True, "Channels push/pop/wait through fastrl_ext (C++), which skips wake-up syscalls while the receiver "
         "is busy; false uses the pure-Python reference (same memory layout), e.g. to compare the two.")
+    native_record: bool = opt(
+        True, "Rollout workers write each env step into its trajectory slot with one fastrl_ext (C++) call "
+        "(envpool envs): rewards, episode ends, the valid mask, episode statistics and the observation. false "
+        "uses the numpy reference (same bytes; on CartPole ~25 numpy calls per step of 32 envs).")
     serial: bool = opt(
         False, "Debug mode: every component in one process, stepped in a fixed order; bit-reproducible from the seed.")
 

@@ -26,6 +26,26 @@ class Step:
     game_over: np.ndarray     # bool, the real end of the game for reporting
 
 
+def step_from_raw(obs, reward, done, trunc, env_id, score=None, game_over=None) -> Step:
+    """A Step from envpool's outputs (the fields of `EnvpoolSplit.recv_raw`): rows put in env-id order,
+    gymnasium's terminated (done and not truncated), and on Atari (`score` and `game_over` given: the
+    unclipped info reward and the info terminated flag) whole-game scores. fastrl_ext._record does the
+    same for the rollout worker's slots (fastrl.workers.recording)."""
+    if np.any(env_id[1:] < env_id[:-1]):  # sync mode returns env-id order; guard the assumption
+        order = np.argsort(env_id)
+        obs, reward, done, trunc = obs[order], reward[order], done[order], trunc[order]
+        if score is not None:
+            score, game_over = score[order], game_over[order]
+    terminated = done & ~trunc
+    if score is not None:  # Atari: report whole-game, unclipped scores
+        score = score.astype(np.float32, copy=False)
+        game_over = game_over.astype(bool) | trunc
+    else:
+        score = reward
+        game_over = terminated | trunc
+    return Step(obs, reward.astype(np.float32, copy=False), terminated, trunc, score, game_over)
+
+
 # What envpool's C++ send takes and recv returns, for the single-player envs fastrl steps.
 _ACTION_KEYS = ["env_id", "players.env_id", "action"]
 _STATE_KEYS_NEEDED = ("info:env_id", "obs", "reward", "done", "trunc")
@@ -73,15 +93,15 @@ class _DirectCalls:
         self.send_raw([self.ids, self.ids, self.actions])
 
     def recv(self) -> tuple:
+        """envpool's outputs in the order `EnvpoolSplit.recv_raw` returns them."""
         values = self.recv_raw()
         i = self.index
-        trunc = values[i["trunc"]]
-        terminated = values[i["done"]] & ~trunc
-        info = {"env_id": values[i["info:env_id"]]}
         if self.atari:
-            info.update(lives=values[i["info:lives"]], reward=values[i["info:reward"]],
-                        terminated=values[i["info:terminated"]])
-        return values[i["obs"]], values[i["reward"]], terminated, trunc, info
+            score, game_over = values[i["info:reward"]], values[i["info:terminated"]]
+        else:
+            score = game_over = None
+        return (values[i["obs"]], values[i["reward"]], values[i["done"]], values[i["trunc"]],
+                values[i["info:env_id"]], score, game_over)
 
 
 class EnvpoolSplit:
@@ -113,23 +133,19 @@ class EnvpoolSplit:
         else:
             self._env.send(actions, self._ids)
 
-    def recv(self) -> Step:
+    def recv_raw(self) -> tuple:
+        """This step's outputs as envpool gives them: (obs, reward, done, trunc, env_id, score, game_over),
+        the last two the Atari info fields (unclipped reward, game over) or None. Arrays envpool owns,
+        valid until the next `recv`."""
         if self._direct is not None:
-            obs, reward, terminated, truncated, info = self._direct.recv()
-        else:
-            obs, reward, terminated, truncated, info = self._env.recv()
-        env_id = info["env_id"]
-        if np.any(env_id[1:] < env_id[:-1]):  # sync mode returns env-id order; guard the assumption
-            order = np.argsort(env_id)
-            obs, reward, terminated, truncated = obs[order], reward[order], terminated[order], truncated[order]
-            info = {k: v[order] for k, v in info.items() if isinstance(v, np.ndarray) and len(v) == len(order)}
-        if "lives" in info:  # Atari: report whole-game, unclipped scores
-            score = info["reward"].astype(np.float32, copy=False)
-            game_over = info["terminated"].astype(bool) | truncated
-        else:
-            score = reward
-            game_over = terminated | truncated
-        return Step(obs, reward.astype(np.float32, copy=False), terminated, truncated, score, game_over)
+            return self._direct.recv()
+        obs, reward, terminated, truncated, info = self._env.recv()
+        atari = "lives" in info
+        return (obs, reward, terminated | truncated, truncated, info["env_id"],
+                info["reward"] if atari else None, info["terminated"] if atari else None)
+
+    def recv(self) -> Step:
+        return step_from_raw(*self.recv_raw())
 
     def close(self) -> None:
         self._env.close()

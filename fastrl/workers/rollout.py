@@ -25,8 +25,9 @@ import numpy as np
 from fastrl.algo.reward_scaling import ReturnScaler
 from fastrl.buffers.control import NO_OWNER
 from fastrl.config.checks import envs_per_split, rollout_workers_act, slots_per_batch
-from fastrl.envs import Step, make_split
+from fastrl.envs import make_split
 from fastrl.ipc import put_report, wait_any
+from fastrl.workers.recording import make_recorder
 from fastrl.workers.process import WorkerContext, heartbeat_index, lower_priority, seconds_since_process_start
 
 POLL_S = 0.1
@@ -65,10 +66,8 @@ class RolloutWorker:
         # slots a dead predecessor held: the runner made sure nothing else writes them any more
         self.adopted = self.control.slots_held_by(worker_index)
         b = ctx.bufs
-        self.obs, self.actions, self.rewards = b.obs.array, b.actions.array, b.rewards.array
-        self.terminated, self.truncated, self.valid = b.terminated.array, b.truncated.array, b.valid.array
+        self.obs, self.actions = b.obs.array, b.actions.array
         spec = ctx.spec
-        self.float_obs = np.issubdtype(spec.obs_dtype, np.floating)
         self.action_low = None if spec.discrete else np.asarray(spec.action_low, dtype=np.float32)
         self.action_high = None if spec.discrete else np.asarray(spec.action_high, dtype=np.float32)
         # a replacement worker gets fresh env seeds, so it does not replay its predecessor's episodes
@@ -99,13 +98,14 @@ class RolloutWorker:
         self.k = 0                 # the group collected next
         self.ready: dict[int, int] = {}  # group -> token of the latest reply received
         self.inference_epoch = self.control.inference_epoch
-        self.reset_step = [np.zeros(self.num_envs, dtype=bool) for _ in range(n)]
-        self.ep_score = [np.zeros(self.num_envs, dtype=np.float64) for _ in range(n)]
-        self.ep_len = [np.zeros(self.num_envs, dtype=np.int64) for _ in range(n)]
-        self.finished_scores: list[float] = []
-        # per worker statistics; they restart with the worker (and on resume) and settle within a few rollouts
-        self.reward_scaler = ReturnScaler((n, self.num_envs), cfg.algo.gamma) if cfg.algo.normalize_rewards else None
-        self.finished_lengths: list[int] = []
+        # reward scaling statistics are per worker; they restart with the worker (and on resume) and
+        # settle within a few rollouts
+        scaler = ReturnScaler((n, self.num_envs), cfg.algo.gamma) if cfg.algo.normalize_rewards else None
+        self.recorder = make_recorder(cfg.system.native_record, self.envs[0], b, n, self.num_envs, scaler,
+                                      self._count_nonfinite)
+
+    def _count_nonfinite(self, env_steps: int) -> None:
+        self.control.nonfinite.array[self.index] += env_steps
 
     def _on_first_sample_path(self) -> bool:
         """Only the first worker of a fresh start makes its envs at full priority and at once: envpool
@@ -217,46 +217,11 @@ class RolloutWorker:
             actions = np.clip(actions, self.action_low, self.action_high)
         self.envs[split].send(actions)
 
-    def _mask_nonfinite(self, split: int, step: Step) -> None:
-        """An env that emits NaN/inf must not poison training: zero the values, mask the transition."""
-        reward_ok = np.isfinite(step.reward)
-        obs_ok = np.isfinite(step.obs).reshape(self.num_envs, -1).all(axis=1) if self.float_obs else True
-        bad = ~(reward_ok & obs_ok)
-        if not bad.any():
-            return
+    def _record(self, split: int) -> None:
+        """Collect group `split`'s env step into its slot; hand the slot over when it is full."""
         slot, t = self.slot[split], self.t[split]
-        self.valid[slot, t] &= ~bad
-        self.rewards[slot, t][bad] = 0.0
-        if self.float_obs:
-            step.obs = np.nan_to_num(step.obs, nan=0.0, posinf=0.0, neginf=0.0)
-        step.score = np.where(np.isfinite(step.score), step.score, 0.0)
-        self.control.nonfinite.array[self.index] += int(bad.sum())
-
-    def _record(self, split: int, step: Step) -> None:
-        slot, t = self.slot[split], self.t[split]
-        was_reset = self.reset_step[split]
-        self.rewards[slot, t] = step.reward
-        self.terminated[slot, t] = step.terminated
-        self.truncated[slot, t] = step.truncated
-        # envpool ignores the action of the step after an episode end: never train on it
-        np.logical_not(was_reset, out=self.valid[slot, t])
-        np.logical_or(step.terminated, step.truncated, out=was_reset)
-        if not np.isfinite(step.reward).all() or (self.float_obs and not np.isfinite(step.obs).all()):
-            self._mask_nonfinite(split, step)
-        if self.reward_scaler is not None:
-            self.rewards[slot, t] = self.reward_scaler(split, self.rewards[slot, t], self.valid[slot, t], was_reset)
-
-        self.ep_score[split] += step.score
-        self.ep_len[split] += self.valid[slot, t]
-        if step.game_over.any():
-            done = np.flatnonzero(step.game_over)
-            self.finished_scores.extend(self.ep_score[split][done].tolist())
-            self.finished_lengths.extend(self.ep_len[split][done].tolist())
-            self.ep_score[split][done] = 0.0
-            self.ep_len[split][done] = 0
-
+        self.recorder.record(split, self.envs[split], slot, t)
         t += 1
-        self.obs[slot, t] = step.obs
         if t == self.T:
             new_slot, self.next_slot[split] = self.next_slot[split], -1
             self.obs[new_slot, 0] = self.obs[slot, t]
@@ -266,10 +231,9 @@ class RolloutWorker:
             self.slots_handed_over += 1
             self.slot[split], t = new_slot, 0
             self.control.env_steps.array[self.index] += self.T * self.num_envs
-            if self.finished_scores:
-                put_report(self.reports, {"kind": "episodes", "scores": self.finished_scores,
-                                                       "lengths": self.finished_lengths})
-                self.finished_scores, self.finished_lengths = [], []
+            scores, lengths = self.recorder.take_finished()
+            if scores:
+                put_report(self.reports, {"kind": "episodes", "scores": scores, "lengths": lengths})
         self.t[split] = t
         self.control.inflight_steps.array[self.index] = sum(self.t) * self.num_envs
 
@@ -300,9 +264,8 @@ class RolloutWorker:
                 self.sent[split] = True
         if self.t[k] == self.T - 1 and self.next_slot[k] < 0:
             self.next_slot[k] = self._take_free_slot()
-        step = self.envs[k].recv()
         self.sent[k] = False
-        self._record(k, step)
+        self._record(k)
         self.token[k] += 1
         self._request(k)
         self.k = (k + 1) % groups

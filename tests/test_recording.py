@@ -156,33 +156,57 @@ def test_native_writes_the_same_bytes_as_the_reference(case):
         assert py.reward_scaler.var == nat.reward_scaler.var and py.reward_scaler.count > 60
 
 
+def call_native(rec, raw, slot, t, group=0):
+    """fastrl_ext._record.record_step itself, as NativeRecorder calls it."""
+    return rec.record_step(*raw, rec.obs, rec.rewards, rec.terminated, rec.truncated, rec.valid,
+                           *rec.group_state[group], rec.finished_score_out, rec.finished_length_out, slot, t)
+
+
 @native_only
 def test_native_rejects_bad_inputs_before_writing():
     n = 4
     rec, _ = make(NativeRecorder, n, (3,), np.float32)
     before = state_of(rec)
     good = RawSteps(n, (3,), np.float32)()
-    bad_ids = list(good)
-    bad_ids[4] = np.array([0, 1, 1, 3], np.int32)
+
+    def changed(index, value):
+        raw = list(good)
+        raw[index] = value
+        return tuple(raw)
     with pytest.raises(ValueError, match="permutation"):
-        rec.write_raw(0, tuple(bad_ids), 0, 0)
-    wrong_dtype = list(good)
-    wrong_dtype[1] = good[1].astype(np.float64)
+        call_native(rec, changed(4, np.array([0, 1, 1, 3], np.int32)), 0, 0)
     with pytest.raises(TypeError, match="reward"):
-        rec.write_raw(0, tuple(wrong_dtype), 0, 0)
+        call_native(rec, changed(1, good[1].astype(np.float64)), 0, 0)
     with pytest.raises(ValueError, match="out of range"):
-        rec.write_raw(0, good, SLOTS, 0)
+        call_native(rec, good, SLOTS, 0)
     with pytest.raises(ValueError, match="out of range"):
-        rec.write_raw(0, good, 0, T)
-    wrong_obs = list(good)
-    wrong_obs[0] = np.zeros((n, 5), np.float32)
+        call_native(rec, good, 0, T)
     with pytest.raises(ValueError, match="obs_src"):
-        rec.write_raw(0, tuple(wrong_obs), 0, 0)
-    half_atari = list(good)
-    half_atari[5] = good[1]
+        call_native(rec, changed(0, np.zeros((n, 5), np.float32)), 0, 0)
     with pytest.raises(TypeError, match="both None"):
-        rec.write_raw(0, tuple(half_atari), 0, 0)
+        call_native(rec, changed(5, good[1]), 0, 0)
+    with pytest.raises(TypeError, match="C-contiguous"):
+        call_native(rec, changed(0, np.asfortranarray(good[0])), 0, 0)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(before, state_of(rec)))
+
+
+@native_only
+def test_outputs_the_native_path_does_not_take_go_through_the_reference(caplog):
+    """A layout the C++ refuses (here a non-contiguous observation array) is recorded by the numpy
+    reference, the same bytes, with one warning, not a crashed rollout worker."""
+    n = 6
+    steps = RawSteps(n, (3,), np.float32, seed=5)
+    py, _ = make(PythonRecorder, n, (3,))
+    nat, _ = make(NativeRecorder, n, (3,))
+    for i in range(12):
+        raw = steps()
+        strided = (np.asfortranarray(raw[0]), *raw[1:])
+        py.write(0, step_from_raw(*copy_raw(raw)), 0, i % T)
+        nat.write_raw(0, strided, 0, i % T)
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(state_of(py), state_of(nat)))
+        assert py.take_finished() == nat.take_finished()
+    assert "C-contiguous" in nat.unsupported
+    assert sum("numpy reference" in r.getMessage() for r in caplog.records) == 1
 
 
 @native_only

@@ -2,7 +2,8 @@
 sizes, so the machine bound `C / (1/env + 1/infer + epochs/learn)` can be computed.
 
 - env:   the preset's rollout workers as processes stepping their envs (same splits, envs and
-         threads) with random actions, double-buffered like the real rollout loop.
+         threads) with random actions, double-buffered like the real rollout loop, taking envpool's
+         outputs as they come (the rollout workers' native recorder does the rest).
 - infer: the policy forward + action sampling at the batch an inference worker sees.
 - learn: APPO training steps on a synthetic batch of the preset's size and epochs.
 

@@ -13,12 +13,16 @@ its game ends. Two implementations of one contract:
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import numpy as np
 
 from fastrl.algo.reward_scaling import ReturnScaler
 from fastrl.envs import Step
+from fastrl.envs.vector import step_from_raw
+
+log = logging.getLogger(__name__)
 
 
 class PythonRecorder:
@@ -95,6 +99,7 @@ class NativeRecorder(PythonRecorder):
         self.record_step = _record.record_step
         self.finished_score_out = np.empty(self.num_envs, dtype=np.float64)
         self.finished_length_out = np.empty(self.num_envs, dtype=np.int64)
+        self.unsupported: str | None = None  # why the C++ refused this env's outputs, once it has
         # each group's rows as views made once, not per step
         self.group_state = [(self.was_reset[g], self.ep_score[g], self.ep_len[g]) for g in range(len(self.was_reset))]
 
@@ -102,10 +107,21 @@ class NativeRecorder(PythonRecorder):
         self.write_raw(group, env.recv_raw(), slot, t)
 
     def write_raw(self, group: int, raw: tuple, slot: int, t: int) -> None:
-        """`raw`: (obs, reward, done, trunc, env_id, score, game_over) as EnvpoolSplit.recv_raw gives it."""
-        finished, nonfinite = self.record_step(
-            *raw, self.obs, self.rewards, self.terminated, self.truncated, self.valid, *self.group_state[group],
-            self.finished_score_out, self.finished_length_out, slot, t)
+        """`raw`: (obs, reward, done, trunc, env_id, score, game_over) as EnvpoolSplit.recv_raw gives it.
+        Outputs the C++ does not take (a dtype or memory layout it was not written for; it checks them
+        all before writing anything) go through the reference, which takes any."""
+        if self.unsupported is not None:
+            self.write(group, step_from_raw(*raw), slot, t)
+            return
+        try:
+            finished, nonfinite = self.record_step(
+                *raw, self.obs, self.rewards, self.terminated, self.truncated, self.valid, *self.group_state[group],
+                self.finished_score_out, self.finished_length_out, slot, t)
+        except (TypeError, ValueError) as err:
+            self.unsupported = str(err)
+            log.warning("recording this env's steps with the numpy reference: %s", err)
+            self.write(group, step_from_raw(*raw), slot, t)
+            return
         if self.reward_scaler is not None:
             self.rewards[slot, t] = self.reward_scaler(group, self.rewards[slot, t], self.valid[slot, t],
                                                        self.was_reset[group])

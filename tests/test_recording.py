@@ -187,6 +187,9 @@ def test_native_rejects_bad_inputs_before_writing():
         call_native(rec, changed(5, good[1]), 0, 0)
     with pytest.raises(TypeError, match="C-contiguous"):
         call_native(rec, changed(0, np.asfortranarray(good[0])), 0, 0)
+    half, _ = make(NativeRecorder, n, (3,), np.float16)
+    with pytest.raises(TypeError, match="not supported"):
+        call_native(half, changed(0, good[0].astype(np.float16)), 0, 0)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(before, state_of(rec)))
 
 

@@ -169,6 +169,11 @@ PyObject* py_record_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Obs obs{static_cast<const char*>(v[OBS_SRC].buf.buf), static_cast<char*>(v[OBS].buf.buf), v[OBS_SRC].kind(),
             v[OBS].kind(), obs_row_items, v[OBS_SRC].buf.itemsize, v[OBS].buf.itemsize};
     const bool float_obs = is_float(obs.src_kind);
+    // other float widths (float16) would need the reference's finiteness check: left to it
+    if (!float_obs && std::strchr("bBhHiIlLqQ?", obs.src_kind) == nullptr) {
+        PyErr_Format(PyExc_TypeError, "record_step: obs_src's dtype code '%c' is not supported", obs.src_kind);
+        return nullptr;
+    }
     if (float_obs ? !is_float(obs.dst_kind) : (obs.src_kind != obs.dst_kind || obs.src_item_bytes != obs.dst_item_bytes))
         return fail("obs_src's dtype must be the slots' (or both float32/float64)");
 

@@ -63,8 +63,7 @@ class PythonRecorder:
         np.logical_or(step.terminated, step.truncated, out=was_reset)
         if not np.isfinite(step.reward).all() or (self.float_obs and not np.isfinite(step.obs).all()):
             self._mask_nonfinite(step, slot, t)
-        if self.reward_scaler is not None:
-            self.rewards[slot, t] = self.reward_scaler(group, self.rewards[slot, t], self.valid[slot, t], was_reset)
+        self._scale_rewards(group, slot, t)
         ep_score, ep_len = self.ep_score[group], self.ep_len[group]
         ep_score += step.score
         ep_len += self.valid[slot, t]
@@ -75,6 +74,13 @@ class PythonRecorder:
             ep_score[done] = 0.0
             ep_len[done] = 0
         self.obs[slot, t + 1] = step.obs
+
+    def _scale_rewards(self, group: int, slot: int, t: int) -> None:
+        """Rewards just written, divided by the running std of the return (if configured); needs the
+        valid mask and the episode ends of this step."""
+        if self.reward_scaler is not None:
+            self.rewards[slot, t] = self.reward_scaler(group, self.rewards[slot, t], self.valid[slot, t],
+                                                       self.was_reset[group])
 
     def _mask_nonfinite(self, step: Step, slot: int, t: int) -> None:
         """An env that emits NaN/inf must not poison training: zero the values, mask the transition."""
@@ -122,9 +128,7 @@ class NativeRecorder(PythonRecorder):
             log.warning("recording this env's steps with the numpy reference: %s", err)
             self.write(group, step_from_raw(*raw), slot, t)
             return
-        if self.reward_scaler is not None:
-            self.rewards[slot, t] = self.reward_scaler(group, self.rewards[slot, t], self.valid[slot, t],
-                                                       self.was_reset[group])
+        self._scale_rewards(group, slot, t)
         if finished:
             self.finished_scores.extend(self.finished_score_out[:finished].tolist())
             self.finished_lengths.extend(self.finished_length_out[:finished].tolist())
@@ -132,14 +136,10 @@ class NativeRecorder(PythonRecorder):
             self.count_nonfinite(nonfinite)
 
 
-def native_recorder_available() -> bool:
-    import fastrl_ext
-
-    return fastrl_ext._record is not None
-
-
 def make_recorder(native: bool, env, *args, **kwargs) -> PythonRecorder:
     """NativeRecorder when asked for, built, and `env` gives raw envpool outputs; else the reference."""
-    if native and hasattr(env, "recv_raw") and native_recorder_available():
+    import fastrl_ext
+
+    if native and hasattr(env, "recv_raw") and fastrl_ext._record is not None:
         return NativeRecorder(*args, **kwargs)
     return PythonRecorder(*args, **kwargs)

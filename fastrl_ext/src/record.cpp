@@ -177,15 +177,22 @@ PyObject* py_record_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (float_obs ? !is_float(obs.dst_kind) : (obs.src_kind != obs.dst_kind || obs.src_item_bytes != obs.dst_item_bytes))
         return fail("obs_src's dtype must be the slots' (or both float32/float64)");
 
-    // env id -> row of the sources holding it
+    // env id -> row of the sources holding it. Sync mode returns env-id order, so the map (and its
+    // allocation) is only built when the ids come otherwise
     const int32_t* env_id = static_cast<const int32_t*>(v[ENV_ID].buf.buf);
-    std::vector<Py_ssize_t> row(static_cast<size_t>(N), -1);
-    for (Py_ssize_t j = 0; j < N; ++j) {
-        const int32_t id = env_id[j];
-        if (id < 0 || id >= N || row[static_cast<size_t>(id)] >= 0)
-            return fail("env_id must be a permutation of 0..N-1 (every env in every call)");
-        row[static_cast<size_t>(id)] = j;
+    bool in_order = true;
+    for (Py_ssize_t j = 0; j < N && in_order; ++j) in_order = env_id[j] == j;
+    std::vector<Py_ssize_t> row;
+    if (!in_order) {
+        row.assign(static_cast<size_t>(N), -1);
+        for (Py_ssize_t j = 0; j < N; ++j) {
+            const int32_t id = env_id[j];
+            if (id < 0 || id >= N || row[static_cast<size_t>(id)] >= 0)
+                return fail("env_id must be a permutation of 0..N-1 (every env in every call)");
+            row[static_cast<size_t>(id)] = j;
+        }
     }
+    auto source_row = [&](Py_ssize_t i) { return in_order ? i : row[static_cast<size_t>(i)]; };
 
     const float* reward = static_cast<const float*>(v[REWARD].buf.buf);
     const bool* done = static_cast<const bool*>(v[DONE].buf.buf);
@@ -204,20 +211,15 @@ PyObject* py_record_step(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     int64_t* finished_lengths = static_cast<int64_t*>(v[FINISHED_LENGTHS].buf.buf);
     obs.dst += ((slot * (T + 1) + t + 1) * N) * obs_row_items * obs.dst_item_bytes;
 
-    // which envs' transitions are not finite; the reference then also zeroes every non-finite score
-    std::vector<char> bad(static_cast<size_t>(N), 0);
+    // whether any env's transition is not finite: the reference then masks those envs and zeroes every
+    // non-finite score of the step; rows are checked again below only in that rare case
+    auto row_bad = [&](Py_ssize_t j) { return !std::isfinite(reward[j]) || (float_obs && !obs.row_ok(j)); };
     Py_ssize_t num_bad = 0;
-    for (Py_ssize_t i = 0; i < N; ++i) {
-        const Py_ssize_t j = row[static_cast<size_t>(i)];
-        if (!std::isfinite(reward[j]) || (float_obs && !obs.row_ok(j))) {
-            bad[static_cast<size_t>(i)] = 1;
-            ++num_bad;
-        }
-    }
+    for (Py_ssize_t i = 0; i < N; ++i) num_bad += row_bad(i) ? 1 : 0;  // rows in any order: a count
     Py_ssize_t num_finished = 0;
     for (Py_ssize_t i = 0; i < N; ++i) {
-        const Py_ssize_t j = row[static_cast<size_t>(i)];
-        const bool is_bad = bad[static_cast<size_t>(i)] != 0;
+        const Py_ssize_t j = source_row(i);
+        const bool is_bad = num_bad > 0 && row_bad(j);
         const bool term = done[j] && !trunc[j];
         rewards[i] = is_bad ? 0.0f : reward[j];
         terminated[i] = term;

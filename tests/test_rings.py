@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fastrl.buffers import ShmAllocator
-from fastrl.ipc import Doorbell, IntRing, MsgRing, wait_any
+from fastrl.ipc import Doorbell, IntRing, MsgRing, put_report, wait_any
 
 
 @pytest.fixture
@@ -65,6 +65,24 @@ def test_msg_ring_round_trips_and_rejects_oversized(alloc, native):
     assert not ring.try_push({"blob": "x" * 1000})
     assert ring.try_push({"kind": "x"}) and not ring.try_push({"kind": "full"})
     assert ring.pop_all() == [{"kind": "episodes", "scores": [1.5, 2.0]}, {"kind": "x"}]
+
+
+def test_routine_reports_wait_for_the_runners_poll_and_the_rest_wake_it(alloc, native):
+    """Learner batches and finished episodes arrive up to hundreds of times a second: they must not
+    ring the runner's bell (each wake-up costs it CPU and preempts the sender); errors and anything
+    else must, or a crash report or the first weights' layout would wait for the next poll."""
+    bell = Doorbell.allocate(alloc, "bell", native)
+    ring = MsgRing.allocate(alloc, "m", 8, 1024, bell)
+    rung = bell.value
+    put_report(ring, {"kind": "learner", "loss": 0.5})
+    put_report(ring, {"kind": "episodes", "scores": [1.0], "lengths": [3]})
+    assert bell.value == rung and len(ring) == 2  # queued, nobody woken
+    put_report(ring, {"kind": "error", "process": "p", "traceback": "boom"})
+    assert bell.value != rung
+    rung = bell.value
+    put_report(ring, {"kind": "weights_layout", "layout": []})
+    assert bell.value != rung
+    assert [m["kind"] for m in ring.pop_all()] == ["learner", "episodes", "error", "weights_layout"]
 
 
 def _producer(ring, n, delay_s):

@@ -193,8 +193,9 @@ class MsgRing:
         c = self.counters.array
         return int(c[0] - c[1])
 
-    def try_push(self, message: dict) -> bool:
-        """Producer only. False if the ring is full or the message too big (reports are best-effort)."""
+    def try_push(self, message: dict, wake: bool = True) -> bool:
+        """Producer only. False if the ring is full or the message too big (reports are best-effort).
+        `wake=False` leaves the consumer asleep: it finds the message at its next poll."""
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         c = self.counters.array
         head = int(c[0])
@@ -205,12 +206,13 @@ class MsgRing:
         self.data.array[i, :len(payload)] = np.frombuffer(payload, dtype=np.uint8)
         self.lengths.array[i] = len(payload)
         c[0] = head + 1
-        self.bell.ring()
+        if wake:
+            self.bell.ring()
         return True
 
-    def push(self, message: dict, timeout_s: float = 1.0) -> bool:
+    def push(self, message: dict, timeout_s: float = 1.0, wake: bool = True) -> bool:
         deadline = time.monotonic() + timeout_s
-        while not self.try_push(message):
+        while not self.try_push(message, wake):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.001)

@@ -22,6 +22,7 @@ from fastrl.config.checks import envs_per_split, num_traj_buffers, rollout_worke
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
 from fastrl.ipc import Channels
+from fastrl.ipc.channels import REPORT_POLL_S
 from fastrl.rundir import load_checkpoint, write_json
 from fastrl.runner.stats import RunStats
 from fastrl.runner.supervisor import Supervisor
@@ -217,7 +218,7 @@ class Runner:
                     serial.advance()
                     self._handle_reports(channels, stats, 0.0)
                 else:
-                    self._handle_reports(channels, stats, 0.2)
+                    self._handle_reports(channels, stats, REPORT_POLL_S)
                     self.failure = self.failure or self.supervisor.check()
                 had_samples = stats.first_sample_s is not None
                 stats.on_env_steps(base_env_steps + control.total_env_steps())

@@ -7,10 +7,10 @@ from setuptools import Extension, setup
 LEARNER_HEADERS = ["fastrl_ext/src/buffer_view.h"]
 
 
-def native_module(name: str, depends: list = ()) -> Extension:
+def native_module(name: str, depends: list = (), optimize: str = "-O2") -> Extension:
     """fastrl_ext._<name>, from fastrl_ext/src/<name>.cpp."""
     return Extension(f"fastrl_ext._{name}", sources=[f"fastrl_ext/src/{name}.cpp"], depends=list(depends),
-                     language="c++", extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"])
+                     language="c++", extra_compile_args=[optimize, "-std=c++17", "-fvisibility=hidden"])
 
 
 setup(
@@ -19,5 +19,7 @@ setup(
         native_module("vtrace", LEARNER_HEADERS),
         native_module("appo_loss", LEARNER_HEADERS),
         native_module("record", LEARNER_HEADERS),
+        # -O3: GCC 12 vectorises the MLP's row loops (trip counts known only at run time) only there
+        native_module("acting", LEARNER_HEADERS, optimize="-O3"),
     ],
 )

@@ -44,7 +44,7 @@ CATEGORIES = [
     ("obs normaliser", ("normalizer.py",)),
     ("forward pass", ("ActorCritic.forward",)),
     ("action sampling", ("ActorCritic.sample",)),
-    ("policy forward + action sampling (numpy)", ("NumpyPolicy.",)),
+    ("policy forward + action sampling (numpy or fastrl_ext)", ("NumpyPolicy.",)),
     ("acting: slot reads/writes, weight refresh", ("PolicyActor.",)),
     ("envpool send/recv: Python side (caller thread)", ("EnvpoolSplit.", "GymnasiumSplit.", "envpool/")),
     ("non-finite checks", ("_mask_nonfinite",)),

@@ -14,14 +14,18 @@ the formulas and each other's gradients). `algo.native_loss` picks.
 `_record`: a rollout worker's writes of one env step into its trajectory slot, from envpool's raw
 outputs; `fastrl.workers.recording.PythonRecorder` is the reference (tests/test_recording.py checks
 they write the same bytes). `system.native_record` picks.
+
+`_acting`: a small MLP policy's acting forward and action sampling in one call, for rollout workers
+that act themselves; `fastrl.models.numpy_policy.NumpyPolicy` is the reference (tests/test_native_acting.py
+holds them together). `system.native_acting` picks.
 """
 
 try:
-    from fastrl_ext import _appo_loss, _record, _rings, _vtrace
+    from fastrl_ext import _acting, _appo_loss, _record, _rings, _vtrace
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _appo_loss = _record = _rings = _vtrace = None
+    _acting = _appo_loss = _record = _rings = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_appo_loss", "_record", "_rings", "_vtrace", "BUILD_ERROR"]
+__all__ = ["_acting", "_appo_loss", "_record", "_rings", "_vtrace", "BUILD_ERROR"]

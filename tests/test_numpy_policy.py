@@ -123,3 +123,132 @@ def test_importing_the_numpy_policy_does_not_import_torch():
     code = "import sys, fastrl.models.numpy_policy, fastrl.workers.acting; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+# --- fastrl_ext._acting (system.native_acting): held to the numpy reference above
+
+needs_native = pytest.mark.skipif(__import__("fastrl_ext")._acting is None, reason="fastrl_ext not built")
+
+NATIVE_VARIANTS = VARIANTS + [
+    # 80 and 17 wide: a register chunk of 64, a chunk of 16 and single outputs, and a 17-wide observation
+    (CONTINUOUS, ["model.activation=tanh", "model.shared_encoder=false", "model.hidden_sizes=[80, 17]"]),
+]
+
+
+def _native_twin(policy: NumpyPolicy) -> NumpyPolicy:
+    twin = NumpyPolicy(policy.layout, policy.spec, policy.activation, native=True)
+    twin.p = policy.p
+    twin.plan, twin.block = twin.pack_native()
+    return twin
+
+
+@needs_native
+@pytest.mark.parametrize("spec, overrides", NATIVE_VARIANTS, ids=["cat-tanh-separate", "cat-relu-shared-3layers",
+                                                                 "gauss-tanh-normalized", "gauss-relu-shared",
+                                                                 "gauss-tanh-80-17"])
+def test_native_act_matches_the_numpy_reference(spec, overrides):
+    _, policy = _model_and_policy(spec, *overrides)
+    native = _native_twin(policy)
+    assert native.native and not policy.native
+    # x3: pre-activations from ~0 (tanh's series branch) to saturation
+    obs = (np.random.default_rng(1).standard_normal((61, *spec.obs_shape)) * 3).astype(np.float32)
+    for seed in range(3):
+        ref = policy.act(obs, np.random.default_rng(seed))
+        got = native.act(obs, np.random.default_rng(seed))
+        for name, r, g in zip(("actions", "log_probs", "values"), ref, got):
+            assert g.dtype == r.dtype and g.shape == r.shape, name
+            if spec.discrete and name == "actions":
+                np.testing.assert_array_equal(g, r)  # the same uniforms pick the same actions
+            else:
+                np.testing.assert_allclose(g, r, rtol=1e-5, atol=2e-5, err_msg=name)
+    assert np.abs(ref[2]).max() > 0.1 and len(set(ref[0].reshape(-1).tolist())) > 1  # not trivially equal
+
+
+def _gaussian_through_tanh(bias: np.ndarray) -> NumpyPolicy:
+    """mean_j = tanh(x + bias_j): one observation feature, one tanh layer as wide as `bias`, an
+    identity head, and a std of e^-40, so each action is one tanh value."""
+    n = bias.size
+    spec = EnvSpec("Grid-v0", "envpool", (1,), np.dtype(np.float32), False, n, (-1.0,) * n, (1.0,) * n)
+    tensors = {"actor_encoder.0.weight": np.ones((n, 1)), "actor_encoder.0.bias": bias,
+               "critic_encoder.0.weight": np.ones((n, 1)), "critic_encoder.0.bias": bias,
+               "policy_head.weight": np.eye(n), "policy_head.bias": np.zeros(n),
+               "value_head.weight": np.ones((1, n)), "value_head.bias": np.zeros(1), "log_std": np.full(n, -40.0)}
+    layout, offset = [], 0
+    for name, t in tensors.items():
+        layout.append((name, t.shape, offset))
+        offset += t.size
+    policy = NumpyPolicy(layout, spec, "tanh", native=True)
+    policy.load(np.concatenate([np.asarray(t, np.float32).reshape(-1) for t in tensors.values()]))
+    return policy
+
+
+@needs_native
+def test_native_tanh_is_accurate_over_its_whole_range():
+    bias = np.linspace(-10, 10, 64, dtype=np.float32)
+    policy = _gaussian_through_tanh(bias)
+    x = np.concatenate([np.linspace(-0.16, 0.16, 4001), np.linspace(-1.0, 1.0, 4001)]).astype(np.float32)
+    actions, _, values = policy.act(x[:, None], np.random.default_rng(0))
+    expected = np.tanh(x[:, None] + bias[None, :])
+    assert np.abs(actions - expected).max() < 3e-7
+    near_zero = np.abs(x[:, None] + bias[None, :]) < 0.2  # the series branch, held to relative accuracy
+    assert near_zero.sum() > 100
+    rel = np.abs(actions - expected)[near_zero] / np.maximum(np.abs(expected[near_zero]), 1e-30)
+    assert rel.max() < 1e-6
+    np.testing.assert_allclose(values, expected.sum(1), atol=2e-5)
+
+
+@needs_native
+def test_native_act_refuses_bad_inputs_before_writing():
+    import fastrl_ext
+
+    _, policy = _model_and_policy(DISCRETE, "model.activation=tanh")
+    native = _native_twin(policy)
+    act = fastrl_ext._acting.act_mlp
+    obs = np.zeros((5, 4), np.float32)
+    outs = lambda: (np.full(5, -7, np.int64), np.full(5, -7, np.float32), np.full(5, -7, np.float32))  # noqa: E731
+    u = np.full((5, 1), 0.5, np.float32)
+    a, lp, v = outs()
+    act(native.plan, native.block, obs, u, a, lp, v)
+    assert (a != -7).all() and (v != -7).all()
+    bad_calls = {
+        TypeError: [(native.plan, native.block, obs.astype(np.float64), u),        # obs not float32
+                    (native.plan.astype(np.int32), native.block, obs, u)],          # plan not int64
+        ValueError: [(native.plan, native.block, np.zeros((5, 3), np.float32), u),  # obs width
+                     (native.plan, native.block[:-10], obs, u),                     # a layer beyond params
+                     (native.plan[:-1], native.block, obs, u),                      # truncated plan
+                     (native.plan, native.block, obs, u[:4])],                      # too few uniforms
+    }
+    for error, calls in bad_calls.items():
+        for args in calls:
+            a, lp, v = outs()
+            with pytest.raises(error):
+                act(*args, a, lp, v)
+            assert (a == -7).all() and (lp == -7).all() and (v == -7).all()
+
+
+def test_native_acting_off_or_unbuilt_uses_the_numpy_reference():
+    _, policy = _model_and_policy(DISCRETE, "model.activation=tanh")
+    assert not policy.native and policy.plan is None
+    obs = np.ones((3, 4), np.float64)  # not float32: even a native policy hands it to numpy
+    if __import__("fastrl_ext")._acting is not None:
+        a, lp, v = _native_twin(policy).act(obs, np.random.default_rng(0))
+        ra, rlp, rv = policy.act(obs, np.random.default_rng(0))
+        np.testing.assert_array_equal(a, ra)
+        np.testing.assert_array_equal(v, rv)
+
+
+@needs_native
+@pytest.mark.parametrize("isa", ["avx2", "default"])
+def test_every_compiled_variant_matches_the_reference(isa):
+    """The kernel is compiled for AVX-512, AVX2+FMA and plain x86-64 and picked by the CPU at import;
+    FASTRL_ACTING_ISA caps the pick, so the variants this machine would not choose are tested too."""
+    import os
+
+    env = dict(os.environ, FASTRL_ACTING_ISA=isa)
+    chosen = subprocess.run([sys.executable, "-c", "import fastrl_ext; print(fastrl_ext._acting.ISA)"],
+                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert chosen.stdout.strip() in (isa, "default"), chosen.stdout + chosen.stderr  # default: CPU without it
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "native_act_matches or native_tanh"], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=300)
+    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]

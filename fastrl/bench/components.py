@@ -184,12 +184,11 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     if backend == "torch":
         keep_freed_heap(cfg.system.heap_keep_mib)  # as a process acting with torch does
     if backend == "numpy":
-        policy = NumpyPolicy.from_module(model, spec, cfg.model.activation)
+        policy = NumpyPolicy.from_module(model, spec, cfg.model.activation, cfg.system.native_acting)
         obs_np, rng = obs.numpy(), np.random.default_rng(0)
 
         def step() -> int:
-            params, _ = policy.forward(obs_np)
-            policy.sample(params, rng)
+            policy.act(obs_np, rng)
             return batch
     else:
         model.hold_layer_weights_in_bf16()  # as a worker acting with torch holds them (a no-op in fp32)
@@ -203,6 +202,7 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     points, done, cpu_s, wall = _timed_loop(step, seconds, progress, "samples")
     return ComponentResult(spread(window_rates(points, max(1.0, seconds / 10))), done / max(cpu_s, 1e-9),
                            cpu_s / wall, wall, {"batch": batch, "backend": backend,
+                                                "native_acting": backend == "numpy" and policy.native,
                                                 "torch_threads": cfg.system.inference_threads})
 
 

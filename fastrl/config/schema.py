@@ -142,6 +142,10 @@ class SystemConfig:
         True, "Rollout workers write each env step into its trajectory slot with one fastrl_ext (C++) call "
         "(envpool envs): rewards, episode ends, the valid mask, episode statistics and the observation. false "
         "uses the numpy reference (same bytes; on CartPole ~25 numpy calls per step of 32 envs).")
+    native_acting: bool = opt(
+        True, "Rollout workers that act with a small MLP in numpy (sampler.acting_backend) run its forward and "
+        "action sampling in one fastrl_ext (C++) call; false uses the numpy reference (~25 numpy calls per "
+        "forward of a 2x64 MLP). Both draw the same random numbers.")
     serial: bool = opt(
         False, "Debug mode: every component in one process, stepped in a fixed order; bit-reproducible from the seed.")
 

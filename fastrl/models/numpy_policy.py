@@ -20,7 +20,8 @@ import math
 import numpy as np
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-NORMALIZER_EPS, NORMALIZER_CLIP = 1e-8, 10.0  # ObsNormalizer's defaults too (it imports them from here)
+NORMALIZER_EPS, NORMALIZER_CLIP = 1e-8, 10.0
+NATIVE_WIDE = 16  # layers at least this wide keep (in, out) weights in the native block: see pack_native  # ObsNormalizer's defaults too (it imports them from here)
 
 
 def unsupported_reason(cfg, spec) -> str | None:
@@ -48,9 +49,15 @@ def acting_backend(cfg, spec) -> str:
 
 
 class NumpyPolicy:
-    def __init__(self, layout: list[tuple[str, tuple, int]], spec, activation: str):
-        """`layout`: (state_dict name, shape, offset) of every tensor in the flat published weights."""
-        self.layout = layout
+    def __init__(self, layout: list[tuple[str, tuple, int]], spec, activation: str, native: bool = False):
+        """`layout`: (state_dict name, shape, offset) of every tensor in the flat published weights.
+        `native`: `act` runs in one fastrl_ext._acting call (system.native_acting) where it is built."""
+        import fastrl_ext
+
+        self.layout, self.spec, self.activation = layout, spec, activation
+        self.native = native and fastrl_ext._acting is not None
+        self._act_mlp = fastrl_ext._acting.act_mlp if self.native else None
+        self.plan = self.block = None  # the network as _acting takes it (pack_native)
         self.discrete = spec.discrete
         self.act_fn = np.tanh if activation == "tanh" else (lambda x: np.maximum(x, 0.0, out=x))
         self.names = {name for name, _, _ in layout}
@@ -60,12 +67,12 @@ class NumpyPolicy:
         self.p: dict[str, np.ndarray] = {}
 
     @classmethod
-    def from_module(cls, module, spec, activation: str) -> "NumpyPolicy":
+    def from_module(cls, module, spec, activation: str, native: bool = False) -> "NumpyPolicy":
         """A NumpyPolicy with a torch ActorCritic's current weights, laid out as the learner publishes
         them (for benchmarks; workers read the published block)."""
         from fastrl.buffers.weights import state_layout
 
-        policy = cls(state_layout(module), spec, activation)
+        policy = cls(state_layout(module), spec, activation, native)
         policy.load(np.concatenate([t.detach().cpu().float().numpy().reshape(-1)
                                     for t in module.state_dict().values()]))
         return policy
@@ -89,6 +96,39 @@ class NumpyPolicy:
             p["std"] = np.exp(p["log_std"])
             p["log_prob_const"] = np.float32(-(p["log_std"].sum() + LOG_SQRT_2PI * p["log_std"].size))
         self.p = p
+        if self.native:
+            self.plan, self.block = self.pack_native()
+
+    def pack_native(self) -> tuple[np.ndarray, np.ndarray]:
+        """(plan, params): the loaded network as fastrl_ext._acting.act_mlp reads it (the layout is
+        described at the top of fastrl_ext/src/acting.cpp)."""
+        p, parts, offset = self.p, [], 0
+
+        def put(a) -> int:
+            nonlocal offset
+            a = np.asarray(a, dtype=np.float32).reshape(-1)
+            parts.append(a)
+            offset += a.size
+            return offset - a.size
+
+        def layer(name: str) -> list[int]:
+            w = p[name + ".weight"]  # (in, out); the narrow heads go back to (out, in), one dot product per output
+            by_output = w.shape[1] < NATIVE_WIDE
+            return [w.shape[0], w.shape[1], put(w.T if by_output else w), put(p[name + ".bias"]), int(by_output)]
+
+        dims = self.obs_dim, p["policy_head.bias"].shape[0]
+        layers = [layer(name) for name in self.actor_layers + self.critic_layers + ["policy_head", "value_head"]]
+        tail = [put(p["normalizer.mean"]) if self.normalized else -1,
+                put(p["normalizer.inv_std"]) if self.normalized else -1,
+                -1 if self.discrete else put(p["std"]), -1 if self.discrete else put(p["log_prob_const"])]
+        plan = [*dims, int(self.discrete), int(self.activation != "tanh"), int(self.normalized),
+                len(self.actor_layers), len(self.critic_layers), *(v for row in layers for v in row), *tail]
+        return np.asarray(plan, dtype=np.int64), np.concatenate(parts)
+
+    @property
+    def obs_dim(self) -> int:
+        first = (self.actor_layers or ["policy_head"])[0]
+        return int(self.p[first + ".weight"].shape[0])
 
     def _encode(self, x: np.ndarray, layers: list[str]) -> np.ndarray:
         for layer in layers:
@@ -109,6 +149,22 @@ class NumpyPolicy:
         params += p["policy_head.bias"]
         values = (h_v @ p["value_head.weight"])[:, 0] + p["value_head.bias"][0]
         return params, values
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(actions, log-probs, values) for observations [B, ...]: forward, then sample, in numpy or
+        in one native call; both draw the same random numbers from `rng`."""
+        if self._act_mlp is None or obs.dtype != np.float32 or not obs.flags.c_contiguous:
+            params, values = self.forward(obs)
+            actions, log_probs = self.sample(params, rng)
+            return actions, log_probs, values
+        B, A = obs.shape[0], self.plan[1]
+        if self.discrete:
+            random, actions = rng.random((B, 1), dtype=np.float32), np.empty(B, dtype=np.int64)
+        else:
+            random, actions = rng.standard_normal((B, A), dtype=np.float32), np.empty((B, A), dtype=np.float32)
+        log_probs, values = np.empty(B, dtype=np.float32), np.empty(B, dtype=np.float32)
+        self._act_mlp(self.plan, self.block, obs, random, actions, log_probs, values)
+        return actions, log_probs, values
 
     def sample(self, params: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(actions, their log-probabilities) drawn from the policy at `params`."""

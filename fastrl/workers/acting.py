@@ -63,7 +63,8 @@ class NumpyForward:
     def __init__(self, ctx: WorkerContext, seed: int):
         from fastrl.models.numpy_policy import NumpyPolicy
 
-        self.policy = NumpyPolicy(ctx.weights.layout, ctx.spec, ctx.cfg.model.activation)
+        self.policy = NumpyPolicy(ctx.weights.layout, ctx.spec, ctx.cfg.model.activation,
+                                  native=ctx.cfg.system.native_acting)
         self.staging = np.empty(ctx.weights.data.shape[0], dtype=np.float32)
         self.rng = np.random.default_rng(seed)  # action sampling: reproducible in serial mode
 
@@ -74,9 +75,7 @@ class NumpyForward:
         return version
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        params, values = self.policy.forward(obs)
-        actions, log_probs = self.policy.sample(params, self.rng)
-        return actions, log_probs, values
+        return self.policy.act(obs, self.rng)
 
 
 class PolicyActor:

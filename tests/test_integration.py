@@ -117,6 +117,8 @@ def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
 @pytest.mark.parametrize("variant, overrides", [
     ("in_rollout_acting", ["sampler.num_inference_workers=0"]),  # the CartPole preset's own setting (numpy)
     ("in_rollout_acting_torch", ["sampler.num_inference_workers=0", "sampler.acting_backend=torch"]),
+    ("in_rollout_acting_numpy_reference", ["sampler.num_inference_workers=0", "system.native_acting=false",
+                                           "system.rollout_sched_batch=false"]),
     ("python_rings", ["system.native_rings=false", "sampler.num_inference_workers=1"]),
     ("sample_minibatches_nice_samplers", ["algo.minibatch_unit=samples", "sampler.num_inference_workers=1",
                                           "system.rollout_nice=7", "system.inference_nice=3",
@@ -159,7 +161,7 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     assert summary["policy_version"] > 0 and summary["failure"] is None
     # the user's wait counts the CLI's imports and setup too, not only the workers' startup
     assert summary["first_sample_after_command_s"] > summary["time_to_first_sample_s"] > 0, summary
-    # (both are stamped when the runner's 0.2 s loop notices them, so within a tick in either order)
+    # (both are stamped when the runner's poll loop notices them, so within a tick in either order)
     assert summary["first_train_after_command_s"] >= summary["first_sample_after_command_s"] - 0.3, summary
     assert re.search(r"fastrl-runner INFO first batch trained, [0-9.]+ s after the command started", log), log
     assert_clean(run)

@@ -38,7 +38,7 @@ def test_seeded_model_is_the_same_whatever_the_thread_count_and_leaves_the_calle
 
 
 LOWER_PRIORITY_IN_A_CHILD = """
-import os, threading
+import os, sys, threading
 from fastrl.workers.process import lower_priority
 
 started, done = threading.Event(), threading.Event()
@@ -46,18 +46,24 @@ thread = threading.Thread(target=lambda: (started.set(), done.wait()))
 thread.start()
 started.wait()
 base = os.getpriority(os.PRIO_PROCESS, 0)
-lower_priority(3)
+lower_priority(3, sched_batch=sys.argv[1] == "batch")
+later = threading.Thread(target=done.wait)  # created afterwards, as a rollout worker's later env groups are
+later.start()
 tids = [int(t) for t in os.listdir("/proc/self/task")]
-print(len(tids), sorted({os.getpriority(os.PRIO_PROCESS, t) - base for t in tids}))
+policies = {os.sched_getscheduler(t) for t in tids}
+print(len(tids), sorted({os.getpriority(os.PRIO_PROCESS, t) - base for t in tids}),
+      "batch" if policies == {os.SCHED_BATCH} else "other" if policies == {os.SCHED_OTHER} else "mixed")
 done.set()
 """
 
 
 def test_lower_priority_reaches_threads_that_already_exist():
     """os.nice() would change the calling thread only; envpool's threads exist when a rollout worker lowers its priority."""
-    out = subprocess.run([sys.executable, "-c", LOWER_PRIORITY_IN_A_CHILD], capture_output=True, text=True,
-                         cwd=ROOT, timeout=60, check=True).stdout.split(maxsplit=1)
-    assert int(out[0]) >= 2 and out[1].strip() == "[3]", out
+    for mode in ("plain", "batch"):
+        out = subprocess.run([sys.executable, "-c", LOWER_PRIORITY_IN_A_CHILD, mode], capture_output=True, text=True,
+                             cwd=ROOT, timeout=60, check=True).stdout.split()
+        # every thread, the one made before the call and the one made after, 3 nicer and (batch) SCHED_BATCH
+        assert int(out[0]) >= 3 and out[1] == "[3]" and out[2] == ("batch" if mode == "batch" else "other"), out
 
 
 HEAP_REUSE_IN_A_CHILD = """

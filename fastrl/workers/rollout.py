@@ -127,7 +127,7 @@ class RolloutWorker:
 
     def _lower_priority(self) -> None:
         if self.block:  # a worker process; the serial driver's workers live in the runner's
-            lower_priority(self.ctx.cfg.system.rollout_nice)
+            lower_priority(self.ctx.cfg.system.rollout_nice, self.ctx.cfg.system.rollout_sched_batch)
 
     def _make_group(self, split: int):
         cfg = self.ctx.cfg
@@ -273,8 +273,9 @@ class RolloutWorker:
     def run(self) -> None:
         try:
             self.start()  # a stop can arrive while waiting for a first free slot: waits raise Stopped
-            self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start, nice %d",
-                          len(self.envs), self.num_envs, seconds_since_process_start(), os.nice(0))
+            self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start, nice %d%s",
+                          len(self.envs), self.num_envs, seconds_since_process_start(), os.nice(0),
+                          ", SCHED_BATCH" if self.ctx.cfg.system.rollout_sched_batch else "")
             while not self.control.stop_requested:
                 self.pump()
         except Stopped:

@@ -5,9 +5,10 @@
 
 `--before` overrides make the "before" variant; "after" is the preset as shipped (plus any
 `--after` overrides). `--before-tree DIR` runs the before variant from another copy of the code
-(say an older commit checked out there, with its fastrl_ext built), for a change no switch turns off. Each round runs `fastrl bench` on before, then after; the table shows the
-median over rounds of each stage's rate (sample and train: over the whole measurement), and
-after/before.
+(say an older commit checked out there, with its fastrl_ext built), for a change no switch turns off;
+it reads that copy's own preset at the same relative path, where there is one. Each round runs
+`fastrl bench` on before, then after; the table shows the median over rounds of each stage's rate
+(sample and train: over the whole measurement), and after/before.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def run_bench(config: str, overrides: list, seconds: int, stages: list, tree: st
     env = None
     if tree is not None:
         env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
-        config = str(Path(config).resolve())
+        # the tree's own copy of the preset where it has one: its code may not know a newer preset's keys
+        own = Path(tree) / config
+        config = str(own.resolve() if not Path(config).is_absolute() and own.exists() else Path(config).resolve())
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         cmd = [sys.executable, "-m", "fastrl.cli", "bench", "--config", config, "--seconds", str(seconds),

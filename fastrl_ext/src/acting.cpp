@@ -174,35 +174,25 @@ __attribute__((always_inline)) inline void tanh_row(float* v, int64_t n) {
 constexpr int64_t CHUNK = 64;
 constexpr int64_t LANES = 16;
 
+// y[j0 .. j0 + C) of one row, for W stored (in, out), its C accumulators held across the input loop
+template <int64_t C>
+__attribute__((always_inline)) inline void dense_chunk(const Layer& l, const float* x, float* y, int64_t j0) {
+    float acc[C];
+    for (int64_t j = 0; j < C; ++j) acc[j] = l.b[j0 + j];
+    for (int64_t k = 0; k < l.in; ++k) {
+        const float xk = x[k];
+        const float* w = l.w + k * l.out + j0;
+        for (int64_t j = 0; j < C; ++j) acc[j] += xk * w[j];
+    }
+    for (int64_t j = 0; j < C; ++j) y[j0 + j] = acc[j];
+}
+
 // y[j] = b[j] + sum_k x[k] W[k, j] for one row, W stored (in, out): the wide layers
 __attribute__((always_inline)) inline void dense_wide(const Layer& l, const float* x, float* y) {
-    const int64_t out = l.out;
     int64_t j0 = 0;
-    for (; j0 + CHUNK <= out; j0 += CHUNK) {
-        float acc[CHUNK];
-        for (int64_t j = 0; j < CHUNK; ++j) acc[j] = l.b[j0 + j];
-        for (int64_t k = 0; k < l.in; ++k) {
-            const float xk = x[k];
-            const float* w = l.w + k * out + j0;
-            for (int64_t j = 0; j < CHUNK; ++j) acc[j] += xk * w[j];
-        }
-        for (int64_t j = 0; j < CHUNK; ++j) y[j0 + j] = acc[j];
-    }
-    for (; j0 + LANES <= out; j0 += LANES) {
-        float acc[LANES];
-        for (int64_t j = 0; j < LANES; ++j) acc[j] = l.b[j0 + j];
-        for (int64_t k = 0; k < l.in; ++k) {
-            const float xk = x[k];
-            const float* w = l.w + k * out + j0;
-            for (int64_t j = 0; j < LANES; ++j) acc[j] += xk * w[j];
-        }
-        for (int64_t j = 0; j < LANES; ++j) y[j0 + j] = acc[j];
-    }
-    for (; j0 < out; ++j0) {
-        float acc = l.b[j0];
-        for (int64_t k = 0; k < l.in; ++k) acc += x[k] * l.w[k * out + j0];
-        y[j0] = acc;
-    }
+    for (; j0 + CHUNK <= l.out; j0 += CHUNK) dense_chunk<CHUNK>(l, x, y, j0);
+    for (; j0 + LANES <= l.out; j0 += LANES) dense_chunk<LANES>(l, x, y, j0);
+    for (; j0 < l.out; ++j0) dense_chunk<1>(l, x, y, j0);
 }
 
 // the same for W stored (out, in): the narrow heads, one dot product per output in LANES partial sums

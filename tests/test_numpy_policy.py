@@ -252,3 +252,23 @@ def test_every_compiled_variant_matches_the_reference(isa):
                           "native_act_matches or native_tanh"], capture_output=True, text=True, cwd=ROOT,
                          env=env, timeout=300)
     assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+@needs_native
+@pytest.mark.parametrize("spec, overrides", NATIVE_VARIANTS[::2], ids=["cat", "gauss-normalized", "gauss-80-17"])
+def test_acting_into_slot_cells_writes_what_act_returns(spec, overrides):
+    """A rollout worker's forward writes straight into its slot's cells (categorical actions int32
+    there): the same values as `act`, from the same draws; and nothing drawn when it cannot."""
+    _, policy = _model_and_policy(spec, *overrides)
+    native = _native_twin(policy)
+    obs = (np.random.default_rng(1).standard_normal((32, *spec.obs_shape)) * 3).astype(np.float32)
+    ref = native.act(obs, np.random.default_rng(9))
+    cells = (np.zeros(32, np.int32) if spec.discrete else np.zeros((32, spec.num_actions), np.float32),
+             np.zeros(32, np.float32), np.zeros(32, np.float32))
+    assert native.act_into(obs, np.random.default_rng(9), *cells)
+    for r, g in zip(ref, cells):
+        np.testing.assert_array_equal(g, r.astype(g.dtype))
+    rng = np.random.default_rng(9)
+    assert not policy.act_into(obs, rng, *cells)                           # the numpy reference: act only
+    assert not native.act_into(obs.astype(np.float64), rng, *cells)        # not float32: act only
+    assert rng.random() == np.random.default_rng(9).random()               # and nothing drawn meanwhile

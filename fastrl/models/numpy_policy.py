@@ -158,13 +158,25 @@ class NumpyPolicy:
             actions, log_probs = self.sample(params, rng)
             return actions, log_probs, values
         B, A = obs.shape[0], self.plan[1]
-        if self.discrete:
-            random, actions = rng.random((B, 1), dtype=np.float32), np.empty(B, dtype=np.int64)
-        else:
-            random, actions = rng.standard_normal((B, A), dtype=np.float32), np.empty((B, A), dtype=np.float32)
+        actions = np.empty(B, dtype=np.int64) if self.discrete else np.empty((B, A), dtype=np.float32)
         log_probs, values = np.empty(B, dtype=np.float32), np.empty(B, dtype=np.float32)
-        self._act_mlp(self.plan, self.block, obs, random, actions, log_probs, values)
+        self._act_mlp(self.plan, self.block, obs, self._random(B, rng), actions, log_probs, values)
         return actions, log_probs, values
+
+    def act_into(self, obs: np.ndarray, rng: np.random.Generator, actions: np.ndarray, log_probs: np.ndarray,
+                 values: np.ndarray) -> bool:
+        """`act`, its results written straight into the given arrays (a trajectory slot's cells: int32
+        or int64 categorical actions); False, with nothing drawn or written, where only `act` can."""
+        if self._act_mlp is None or obs.dtype != np.float32 or not obs.flags.c_contiguous:
+            return False
+        self._act_mlp(self.plan, self.block, obs, self._random(obs.shape[0], rng), actions, log_probs, values)
+        return True
+
+    def _random(self, B: int, rng: np.random.Generator) -> np.ndarray:
+        """What `sample` draws for B observations: a uniform each, or a normal per action dimension."""
+        if self.discrete:
+            return rng.random((B, 1), dtype=np.float32)
+        return rng.standard_normal((B, int(self.plan[1])), dtype=np.float32)
 
     def sample(self, params: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(actions, their log-probabilities) drawn from the policy at `params`."""

@@ -77,6 +77,10 @@ class NumpyForward:
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.policy.act(obs, self.rng)
 
+    def into(self, obs: np.ndarray, actions: np.ndarray, log_probs: np.ndarray, values: np.ndarray) -> bool:
+        """The forward, written straight into these slot cells where the native kernel can (see act_into)."""
+        return self.policy.act_into(obs, self.rng, actions, log_probs, values)
+
 
 class PolicyActor:
     def __init__(self, ctx: WorkerContext, seed: int, backend: str = "torch"):
@@ -110,6 +114,13 @@ class PolicyActor:
     def act(self, cells: list) -> int:
         """Fill actions, log-probs, values and versions at each (slot, t) in `cells`; returns samples."""
         self.refresh_weights()
+        if len(cells) == 1 and isinstance(self.forward, NumpyForward):
+            slot, t = cells[0]
+            obs = self.obs[slot, t]
+            # a rollout worker's one group: written in place, no intermediate arrays to copy back
+            if self.forward.into(obs, self.actions[slot, t], self.log_probs[slot, t], self.values[slot, t]):
+                self.policy_version[slot, t] = self.version
+                return obs.shape[0]
         views = [self.obs[slot, t] for slot, t in cells]
         actions, log_probs, values = self.forward(views[0] if len(views) == 1 else np.concatenate(views))
         offset = 0

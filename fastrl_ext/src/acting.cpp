@@ -364,7 +364,10 @@ PyObject* py_act_mlp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         return nullptr;
     Net net;
     if (!read_plan(v[PLAN], v[PARAMS], net)) return nullptr;
-    if (net.discrete ? !has_kind(v[ACTIONS], 'i', 8, ACTIONS) : !has_kind(v[ACTIONS], 'f', 4, ACTIONS)) return nullptr;
+    // categorical actions go out as int64, or as int32 straight into a trajectory slot
+    const bool int32_actions = net.discrete && v[ACTIONS].buf.itemsize == 4;
+    if (net.discrete ? !has_kind(v[ACTIONS], 'i', int32_actions ? 4 : 8, ACTIONS) : !has_kind(v[ACTIONS], 'f', 4, ACTIONS))
+        return nullptr;
     if (net.discrete && net.A > 64) return fail("more than 64 discrete actions");
     const int64_t B = v[VALUES].items();
     if (v[OBS].items() != B * net.D) return fail("obs is not [B, D] for the network's D and values' B");
@@ -375,9 +378,16 @@ PyObject* py_act_mlp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     // the work rows live as long as the thread; resized only when a wider network arrives
     thread_local std::vector<float> work;
     if (static_cast<int64_t>(work.size()) < 6 * net.widest) work.resize(6 * net.widest);
+    thread_local std::vector<int64_t> narrow;  // int64 actions before an int32 destination
+    if (int32_actions && static_cast<int64_t>(narrow.size()) < B) narrow.resize(B);
+    int64_t* actions_i = int32_actions ? narrow.data() : static_cast<int64_t*>(v[ACTIONS].buf.buf);
     act_batch(net, static_cast<const float*>(v[OBS].buf.buf), static_cast<const float*>(v[RANDOM].buf.buf), B,
-              static_cast<int64_t*>(v[ACTIONS].buf.buf), static_cast<float*>(v[ACTIONS].buf.buf),
-              static_cast<float*>(v[LOG_PROBS].buf.buf), static_cast<float*>(v[VALUES].buf.buf), work.data());
+              actions_i, static_cast<float*>(v[ACTIONS].buf.buf), static_cast<float*>(v[LOG_PROBS].buf.buf),
+              static_cast<float*>(v[VALUES].buf.buf), work.data());
+    if (int32_actions) {
+        int32_t* out = static_cast<int32_t*>(v[ACTIONS].buf.buf);
+        for (int64_t i = 0; i < B; ++i) out[i] = static_cast<int32_t>(actions_i[i]);
+    }
     Py_RETURN_NONE;
 }
 

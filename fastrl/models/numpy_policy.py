@@ -20,8 +20,8 @@ import math
 import numpy as np
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-NORMALIZER_EPS, NORMALIZER_CLIP = 1e-8, 10.0
-NATIVE_WIDE = 16  # layers at least this wide keep (in, out) weights in the native block: see pack_native  # ObsNormalizer's defaults too (it imports them from here)
+NORMALIZER_EPS, NORMALIZER_CLIP = 1e-8, 10.0  # ObsNormalizer's defaults too (it imports them from here)
+NATIVE_WIDE = 16  # layers at least this wide keep (in, out) weights in the native block: see pack_native
 
 
 def unsupported_reason(cfg, spec) -> str | None:
@@ -153,14 +153,14 @@ class NumpyPolicy:
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(actions, log-probs, values) for observations [B, ...]: forward, then sample, in numpy or
         in one native call; both draw the same random numbers from `rng`."""
-        if self._act_mlp is None or obs.dtype != np.float32 or not obs.flags.c_contiguous:
-            params, values = self.forward(obs)
-            actions, log_probs = self.sample(params, rng)
-            return actions, log_probs, values
-        B, A = obs.shape[0], self.plan[1]
-        actions = np.empty(B, dtype=np.int64) if self.discrete else np.empty((B, A), dtype=np.float32)
-        log_probs, values = np.empty(B, dtype=np.float32), np.empty(B, dtype=np.float32)
-        self._act_mlp(self.plan, self.block, obs, self._random(B, rng), actions, log_probs, values)
+        if self._act_mlp is not None:
+            B = obs.shape[0]
+            out = (np.empty(B, dtype=np.int64) if self.discrete else np.empty((B, int(self.plan[1])), dtype=np.float32),
+                   np.empty(B, dtype=np.float32), np.empty(B, dtype=np.float32))
+            if self.act_into(obs, rng, *out):
+                return out
+        params, values = self.forward(obs)
+        actions, log_probs = self.sample(params, rng)
         return actions, log_probs, values
 
     def act_into(self, obs: np.ndarray, rng: np.random.Generator, actions: np.ndarray, log_probs: np.ndarray,

@@ -72,7 +72,14 @@ bool read_plan(const View& plan, const View& params, Net& net) {
     const int64_t n = plan.items();
     const int64_t size = params.items();
     const float* base = static_cast<const float*>(params.buf.buf);
-    if (n < HEADER) return fail("plan too short") != nullptr;
+    if (n < HEADER) {
+        fail("plan too short");
+        return false;
+    }
+    // `net` is reused call after call (its layer vectors keep their capacity): reset what may not be set below
+    net.widest = 0;
+    net.mean = net.inv_std = net.std_dev = nullptr;
+    net.log_prob_const = 0.0f;
     net.D = p[0];
     net.A = p[1];
     net.discrete = p[2] != 0;
@@ -362,7 +369,7 @@ PyObject* py_act_mlp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         !has_kind(v[RANDOM], 'f', 4, RANDOM) || !has_kind(v[LOG_PROBS], 'f', 4, LOG_PROBS) ||
         !has_kind(v[VALUES], 'f', 4, VALUES))
         return nullptr;
-    Net net;
+    thread_local Net net;  // no allocation per call once its layer vectors have grown
     if (!read_plan(v[PLAN], v[PARAMS], net)) return nullptr;
     // categorical actions go out as int64, or as int32 straight into a trajectory slot
     const bool int32_actions = net.discrete && v[ACTIONS].buf.itemsize == 4;

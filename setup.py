@@ -7,10 +7,10 @@ from setuptools import Extension, setup
 LEARNER_HEADERS = ["fastrl_ext/src/buffer_view.h"]
 
 
-def native_module(name: str, depends: list = (), optimize: str = "-O2") -> Extension:
+def native_module(name: str, depends: list = (), optimize: str = "-O2", flags: list = ()) -> Extension:
     """fastrl_ext._<name>, from fastrl_ext/src/<name>.cpp."""
     return Extension(f"fastrl_ext._{name}", sources=[f"fastrl_ext/src/{name}.cpp"], depends=list(depends),
-                     language="c++", extra_compile_args=[optimize, "-std=c++17", "-fvisibility=hidden"])
+                     language="c++", extra_compile_args=[optimize, "-std=c++17", "-fvisibility=hidden", *flags])
 
 
 setup(
@@ -18,7 +18,8 @@ setup(
         native_module("rings"),
         native_module("vtrace", LEARNER_HEADERS),
         native_module("appo_loss", LEARNER_HEADERS),
-        native_module("record", LEARNER_HEADERS),
+        # no fused multiply-adds: the reward scaler's float64 arithmetic matches numpy's bit for bit
+        native_module("record", LEARNER_HEADERS, flags=["-ffp-contract=off"]),
         # -O3: GCC 12 vectorises the MLP's row loops (trip counts known only at run time) only there
         native_module("acting", LEARNER_HEADERS, optimize="-O3"),
     ],

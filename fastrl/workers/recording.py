@@ -102,7 +102,7 @@ class NativeRecorder(PythonRecorder):
         super().__init__(*args, **kwargs)
         from fastrl_ext import _record
 
-        self.record_step = _record.record_step
+        self.record_step, self.scale_rewards = _record.record_step, _record.scale_rewards
         self.finished_score_out = np.empty(self.num_envs, dtype=np.float64)
         self.finished_length_out = np.empty(self.num_envs, dtype=np.int64)
         self.unsupported: str | None = None  # why the C++ refused this env's outputs, once it has
@@ -128,7 +128,10 @@ class NativeRecorder(PythonRecorder):
             log.warning("recording this env's steps with the numpy reference: %s", err)
             self.write(group, step_from_raw(*raw), slot, t)
             return
-        self._scale_rewards(group, slot, t)
+        if self.reward_scaler is not None:
+            s = self.reward_scaler
+            self.scale_rewards(s.returns[group], s.moments, self.rewards[slot, t], self.valid[slot, t],
+                               self.was_reset[group], s.gamma, s.clip, s.eps)
         if finished:
             self.finished_scores.extend(self.finished_score_out[:finished].tolist())
             self.finished_lengths.extend(self.finished_length_out[:finished].tolist())

@@ -30,6 +30,14 @@ def _model_and_policy(spec: EnvSpec, *overrides: str, seed: int = 0):
     """An ActorCritic with every parameter and statistic randomised (heads included, so the
     outputs are far from their near-zero initialisation), and a NumpyPolicy that read it the way a
     rollout worker does: published through SharedWeights, copied out with try_read_array."""
+    model, layout, flat, cfg = _published(spec, *overrides, seed=seed)
+    policy = NumpyPolicy(layout, spec, cfg.model.activation)
+    policy.load(flat)
+    return model, policy
+
+
+def _published(spec: EnvSpec, *overrides: str, seed: int = 0):
+    """(model, layout, flat weights as a worker copies them, config) for _model_and_policy."""
     cfg = _config(*overrides)
     torch.manual_seed(seed)
     model = ActorCritic(spec, cfg.model).eval()
@@ -47,11 +55,9 @@ def _model_and_policy(spec: EnvSpec, *overrides: str, seed: int = 0):
         weights.publish(model, version=3)
         staging = np.empty(weights.data.shape[0], dtype=np.float32)
         assert weights.try_read_array(staging) == 3
-        policy = NumpyPolicy(weights.layout, spec, cfg.model.activation)
-        policy.load(staging)
     finally:
         alloc.unlink_all()
-    return model, policy
+    return model, weights.layout, staging, cfg
 
 
 VARIANTS = [
@@ -140,6 +146,23 @@ def _native_twin(policy: NumpyPolicy) -> NumpyPolicy:
     twin.p = policy.p
     twin.plan, twin.block = twin.pack_native()
     return twin
+
+
+@needs_native
+@pytest.mark.parametrize("spec, overrides", NATIVE_VARIANTS)
+def test_native_load_gathers_what_pack_native_packs(spec, overrides):
+    """A native policy's load (one gather from the flat weights, then the derived values) leaves the
+    plan and block that pack_native builds from the unpacked `p`, to the byte, and `p` unpacked late."""
+    _, layout, flat, cfg = _published(spec, *overrides)
+    native = NumpyPolicy(layout, spec, cfg.model.activation, native=True)
+    for scale in (1.0, 0.5):  # a second load reuses the block
+        native.load(flat * scale)
+        reference = NumpyPolicy(layout, spec, cfg.model.activation)
+        reference.load(flat * scale)
+        plan, block = reference.pack_native()
+        assert native.plan.tobytes() == plan.tobytes() and native.block.tobytes() == block.tobytes()
+        assert native.p.keys() == reference.p.keys()
+        assert all(native.p[k].tobytes() == reference.p[k].tobytes() for k in reference.p)
 
 
 @needs_native

@@ -64,7 +64,9 @@ class NumpyPolicy:
         self.actor_layers = self._layer_names("actor_encoder")
         self.critic_layers = self._layer_names("critic_encoder")  # [] when the encoder is shared
         self.normalized = "normalizer.mean" in self.names
-        self.p: dict[str, np.ndarray] = {}
+        self._p: dict[str, np.ndarray] | None = {}
+        self._flat: np.ndarray | None = None  # the weights last loaded, while `p` is not unpacked from them
+        self._gather = None                   # (flat indices of the native block, derived slots): _native_gather
 
     @classmethod
     def from_module(cls, module, spec, activation: str, native: bool = False) -> "NumpyPolicy":
@@ -83,21 +85,103 @@ class NumpyPolicy:
                          if name.startswith(prefix + ".") and name.endswith(".weight"))
         return [f"{prefix}.{i}" for i in indices]
 
+    @property
+    def p(self) -> dict[str, np.ndarray]:
+        """The weights by state_dict name, (in, out) matrices, plus what `load` derives (inv_std, std,
+        log_prob_const). A native policy unpacks them only when the numpy path needs them."""
+        if self._p is None:
+            self._p = self._unpack(self._flat)
+        return self._p
+
+    @p.setter
+    def p(self, value: dict[str, np.ndarray]) -> None:
+        self._p, self._flat = value, None
+
     def load(self, flat: np.ndarray) -> None:
-        """Take weights from a consistent copy of the published block (weights are transposed once
-        here, so each forward multiplies by contiguous (in, out) matrices)."""
+        """Take weights from a consistent copy of the published block. The native block is gathered
+        from it in one call: a rollout worker loads every version the learner publishes (HalfCheetah:
+        24 a batch), and unpacking them into `p` and repacking cost it a third of its Python."""
+        if self.native:
+            self._load_native(flat)
+            self._p, self._flat = None, flat.copy()
+        else:
+            self._p = self._unpack(flat)
+
+    def _unpack(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """`p` from the flat weights (weights transposed once here, so each numpy forward multiplies
+        by contiguous (in, out) matrices)."""
         p = {}
         for name, shape, offset in self.layout:
-            t = flat[offset:offset + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+            t = flat[offset:offset + math.prod(shape)].reshape(shape)
             p[name] = np.ascontiguousarray(t.T) if name.endswith(".weight") else t.copy()
         if self.normalized:
             p["normalizer.inv_std"] = (1.0 / np.sqrt(p["normalizer.var"] + NORMALIZER_EPS)).astype(np.float32)
         if not self.discrete:
             p["std"] = np.exp(p["log_std"])
             p["log_prob_const"] = np.float32(-(p["log_std"].sum() + LOG_SQRT_2PI * p["log_std"].size))
-        self.p = p
-        if self.native:
-            self.plan, self.block = self.pack_native()
+        return p
+
+    def _load_native(self, flat: np.ndarray) -> None:
+        """plan and block as `pack_native` makes them from `p`, straight from the flat weights: one
+        gather, then the few values derived from the normaliser's variance and the log-std."""
+        if self._gather is None:
+            self._gather = self._native_gather()
+            self.block = np.empty(self._gather[0].size, dtype=np.float32)
+        indices, derived = self._gather
+        np.take(flat, indices, out=self.block)
+        if self.normalized:
+            var_at, var_shape = derived["normalizer.var"]
+            self.block[derived["inv_std"]] = 1.0 / np.sqrt(flat[var_at].reshape(var_shape) + NORMALIZER_EPS)
+        if not self.discrete:
+            log_std_at, log_std_shape = derived["log_std"]
+            log_std = flat[log_std_at].reshape(log_std_shape)
+            self.block[derived["std"]] = np.exp(log_std).reshape(-1)
+            self.block[derived["log_prob_const"]] = np.float32(-(log_std.sum() + LOG_SQRT_2PI * log_std.size))
+
+    def _native_gather(self) -> tuple[np.ndarray, dict]:
+        """(flat index of every float of the native block, where `load` derives the rest: the block's
+        slices it writes, which gather index 0 until then, and the (slice, shape) of the flat weights
+        it derives them from), with self.plan: `pack_native`'s layout, from the layout of the
+        published weights instead of `p`."""
+        where = {name: (shape, offset) for name, shape, offset in self.layout}
+        parts, size = [], 0
+
+        def index(name: str) -> np.ndarray:
+            shape, offset = where[name]
+            return offset + np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+
+        def put(idx: np.ndarray) -> int:
+            nonlocal size
+            parts.append(idx.reshape(-1))
+            size += parts[-1].size
+            return size - parts[-1].size
+
+        def derived(n: int) -> slice:
+            start = put(np.zeros(n, dtype=np.int64))
+            return slice(start, start + n)
+
+        def layer(name: str) -> list[int]:
+            w = index(name + ".weight")  # (out, in), as torch stores it
+            by_output = w.shape[0] < NATIVE_WIDE
+            return [w.shape[1], w.shape[0], put(w if by_output else w.T), put(index(name + ".bias")), int(by_output)]
+
+        dims = self.obs_dim, where["policy_head.bias"][0][0]
+        layers = [layer(name) for name in self.actor_layers + self.critic_layers + ["policy_head", "value_head"]]
+        slices = {name: (slice(offset, offset + math.prod(shape)), shape) for name, (shape, offset) in where.items()
+                  if name in ("normalizer.var", "log_std")}
+        tail = [-1, -1, -1, -1]
+        if self.normalized:
+            tail[0] = put(index("normalizer.mean"))
+            slices["inv_std"] = derived(self.obs_dim)
+            tail[1] = slices["inv_std"].start
+        if not self.discrete:
+            slices["std"] = derived(dims[1])
+            slices["log_prob_const"] = derived(1)
+            tail[2], tail[3] = slices["std"].start, slices["log_prob_const"].start
+        self.plan = np.asarray([*dims, int(self.discrete), int(self.activation != "tanh"), int(self.normalized),
+                                len(self.actor_layers), len(self.critic_layers), *(v for row in layers for v in row),
+                                *tail], dtype=np.int64)
+        return np.concatenate(parts), slices
 
     def pack_native(self) -> tuple[np.ndarray, np.ndarray]:
         """(plan, params): the loaded network as fastrl_ext._acting.act_mlp reads it (the layout is
@@ -128,7 +212,8 @@ class NumpyPolicy:
     @property
     def obs_dim(self) -> int:
         first = (self.actor_layers or ["policy_head"])[0]
-        return int(self.p[first + ".weight"].shape[0])
+        shape = next(shape for name, shape, _ in self.layout if name == first + ".weight")
+        return int(shape[1])  # torch's (out, in)
 
     def _encode(self, x: np.ndarray, layers: list[str]) -> np.ndarray:
         for layer in layers:

@@ -21,6 +21,6 @@ setup(
         # no fused multiply-adds: the reward scaler's float64 arithmetic matches numpy's bit for bit
         native_module("record", LEARNER_HEADERS, flags=["-ffp-contract=off"]),
         # -O3: GCC 12 vectorises the MLP's row loops (trip counts known only at run time) only there
-        native_module("acting", LEARNER_HEADERS, optimize="-O3"),
+        native_module("acting", LEARNER_HEADERS, optimize="-O3", flags=["-fno-trapping-math"]),
     ],
 )

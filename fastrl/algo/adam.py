@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from fastrl.algo.flat_params import FlatParams
+
 
 def _fused_kernel_works(device: torch.device) -> bool:
     fused = getattr(torch, "_fused_adam_", None)
@@ -33,22 +35,45 @@ def _fused_kernel_works(device: torch.device) -> bool:
 
 
 class Adam:
-    def __init__(self, params, lr: float, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999)):
+    def __init__(self, params, lr: float, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999),
+                 flat: FlatParams | None = None):
+        """`flat`: these parameters' FlatParams; the moments are then views of two flat tensors too and
+        a step is one update over the flat tensors (the same arithmetic, element by element)."""
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("Adam got no parameters that require grad")
+        if flat is not None and flat.params != self.params:
+            raise ValueError("Adam's flat buffer must hold exactly its parameters, in order")
+        self.flat = flat
         device = self.params[0].device
         self.fused = _fused_kernel_works(device)
         # one group, in torch.optim's layout: the learner sets group["lr"] for its schedule
         self.param_groups = [{"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0, "amsgrad": False,
                               "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
                               "fused": self.fused or None, "decoupled_weight_decay": False, "params": self.params}]
-        self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
-        self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
-        # float32 scalar tensors, one per parameter, as torch keeps them (the fused kernel reads them)
-        self.steps = [torch.zeros((), dtype=torch.float32, device=device) for _ in self.params]
+        # float32 scalar tensors, one per parameter, as torch keeps them (the fused kernel reads them);
+        # with a flat buffer all parameters share one, as they always step together
+        if flat is None:
+            self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+            self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+            self.steps = [torch.zeros((), dtype=torch.float32, device=device) for _ in self.params]
+        else:
+            self.flat_exp_avg, self.flat_exp_avg_sq = torch.zeros_like(flat.data), torch.zeros_like(flat.data)
+            self.exp_avgs = [self.flat_exp_avg[o:o + p.numel()].view_as(p) for p, o in self._offsets()]
+            self.exp_avg_sqs = [self.flat_exp_avg_sq[o:o + p.numel()].view_as(p) for p, o in self._offsets()]
+            self.flat_step = torch.zeros((), dtype=torch.float32, device=device)
+            self.steps = [self.flat_step] * len(self.params)
+
+    def _offsets(self):
+        offset = 0
+        for p in self.params:
+            yield p, offset
+            offset += p.numel()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.flat is not None:  # the gradients are views of the flat buffer: zeroed, never dropped
+            self.flat.zero_grad()
+            return
         for p in self.params:
             if set_to_none:
                 p.grad = None
@@ -60,14 +85,19 @@ class Adam:
         group = self.param_groups[0]
         lr, eps = float(group["lr"]), float(group["eps"])
         beta1, beta2 = group["betas"]
-        live = [i for i, p in enumerate(self.params) if p.grad is not None]
-        if not live:
-            return
-        params = [self.params[i] for i in live]
-        grads = [self.params[i].grad for i in live]
-        exp_avgs = [self.exp_avgs[i] for i in live]
-        exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
-        steps = [self.steps[i] for i in live]
+        if self.flat is not None:
+            self.flat.check()
+            params, grads, steps = [self.flat.data], [self.flat.grad], [self.flat_step]
+            exp_avgs, exp_avg_sqs = [self.flat_exp_avg], [self.flat_exp_avg_sq]
+        else:
+            live = [i for i, p in enumerate(self.params) if p.grad is not None]
+            if not live:
+                return
+            params = [self.params[i] for i in live]
+            grads = [self.params[i].grad for i in live]
+            exp_avgs = [self.exp_avgs[i] for i in live]
+            exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
+            steps = [self.steps[i] for i in live]
         if self.fused:
             torch._foreach_add_(steps, 1)
             torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=beta1,

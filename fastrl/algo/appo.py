@@ -20,6 +20,7 @@ import torch
 
 from fastrl.algo.adam import Adam
 from fastrl.algo.appo_loss import appo_loss
+from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
@@ -49,7 +50,10 @@ class APPOTrainer:
         # minibatch order: its own stream, so a run's seed fixes it whatever else draws numbers
         self.generator = torch.Generator().manual_seed(seed)
         self.trained_params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps)
+        # the MLPs' parameters and gradients as views of two flat tensors: the clip and Adam run over one
+        # tensor each instead of a dozen (fastrl.algo.flat_params says why and when)
+        self.flat = FlatParams(self.trained_params) if FlatParams.supported(self.trained_params) else None
+        self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps, flat=self.flat)
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
         self.skipped_total = 0   # optimizer steps dropped for a non-finite loss or gradient
         self.skipped_in_row = 0  # ... since the last good one
@@ -161,7 +165,8 @@ class APPOTrainer:
             out = minibatch_loss(mb)
             self.optimizer.zero_grad(set_to_none=True)
             out.loss.backward()
-            grad_norm = clip_grad_norm(self.trained_params, cfg.max_grad_norm)
+            flat = self.flat is not None and self.flat.attached()  # not under another optimizer's zero_grad
+            grad_norm = clip_grad_norm(self.trained_params, cfg.max_grad_norm, self.flat.grad if flat else None)
             if not torch.isfinite(out.loss) or not torch.isfinite(grad_norm):
                 skipped += 1  # a non-finite step would poison the weights; drop it
                 self.skipped_total += 1

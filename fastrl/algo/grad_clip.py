@@ -12,9 +12,14 @@ from __future__ import annotations
 import torch
 
 
-def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params, max_norm: float, flat_grad: torch.Tensor | None = None) -> torch.Tensor:
     """Scale the gradients of `params` in place so their global 2-norm is at most `max_norm`;
-    return the norm before clipping (a 0-dim tensor; inf or nan when a gradient is)."""
+    return the norm before clipping (a 0-dim tensor; inf or nan when a gradient is). `flat_grad`:
+    one tensor of which every gradient is a view (fastrl.algo.flat_params), clipped in two kernels."""
+    if flat_grad is not None:
+        total = torch.linalg.vector_norm(flat_grad)
+        flat_grad.mul_(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        return total
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())

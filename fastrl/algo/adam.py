@@ -42,7 +42,7 @@ class Adam:
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("Adam got no parameters that require grad")
-        if flat is not None and flat.params != self.params:
+        if flat is not None and [id(p) for p in flat.params] != [id(p) for p in self.params]:
             raise ValueError("Adam's flat buffer must hold exactly its parameters, in order")
         self.flat = flat
         device = self.params[0].device

@@ -57,7 +57,7 @@ class NumpyPolicy:
         self.layout, self.spec, self.activation = layout, spec, activation
         self.native = native and fastrl_ext._acting is not None
         self._act_mlp = fastrl_ext._acting.act_mlp if self.native else None
-        self.plan = self.block = None  # the network as _acting takes it (pack_native)
+        self.plan = self.block = None  # the network as _acting takes it (load, pack_native)
         self.discrete = spec.discrete
         self.act_fn = np.tanh if activation == "tanh" else (lambda x: np.maximum(x, 0.0, out=x))
         self.names = {name for name, _, _ in layout}
@@ -185,7 +185,8 @@ class NumpyPolicy:
 
     def pack_native(self) -> tuple[np.ndarray, np.ndarray]:
         """(plan, params): the loaded network as fastrl_ext._acting.act_mlp reads it (the layout is
-        described at the top of fastrl_ext/src/acting.cpp)."""
+        described at the top of fastrl_ext/src/acting.cpp), built from `p`: the reference for what
+        `load` gathers straight from the flat weights (tests/test_numpy_policy.py)."""
         p, parts, offset = self.p, [], 0
 
         def put(a) -> int:

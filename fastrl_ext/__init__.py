@@ -12,11 +12,12 @@ is the reference (tests/test_vtrace.py checks both against the paper). `algo.nat
 the formulas and each other's gradients). `algo.native_loss` picks.
 
 `_record`: a rollout worker's writes of one env step into its trajectory slot, from envpool's raw
-outputs; `fastrl.workers.recording.PythonRecorder` is the reference (tests/test_recording.py checks
-they write the same bytes). `system.native_record` picks.
+outputs, and the reward scaling (`scale_rewards`); `fastrl.workers.recording.PythonRecorder` and
+`fastrl.algo.reward_scaling.ReturnScaler` are the references (tests/test_recording.py and
+tests/test_reward_scaling.py check they write the same bytes). `system.native_record` picks.
 
 `_acting`: a small MLP policy's acting forward and action sampling in one call, for rollout workers
-that act themselves; `fastrl.models.numpy_policy.NumpyPolicy` is the reference (tests/test_native_acting.py
+that act themselves; `fastrl.models.numpy_policy.NumpyPolicy` is the reference (tests/test_numpy_policy.py
 holds them together). `system.native_acting` picks.
 """
 

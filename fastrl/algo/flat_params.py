@@ -11,6 +11,8 @@ unapplied gradient (the clip falls back to the parameters' own gradients then).
 
 Only for parameters that can be plain views of one tensor: one dtype and device, contiguous (a
 channels-last conv weight's memory order is not its logical one; the Atari CNN keeps its list).
+A deep copy of the parameters does not keep them views (torch clones a Parameter's data), so a
+copied trainer has to be built anew; its Adam refuses to step rather than apply a stale gradient.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class FlatParams:
                 p.data = self.data[offset:offset + n].view_as(p)
                 p.grad = self.grad[offset:offset + n].view_as(p)
                 offset += n
-        self.offsets = [p.grad.storage_offset() for p in self.params]
+        self.grad_views = [p.grad for p in self.params]
 
     @staticmethod
     def supported(params: list[torch.nn.Parameter]) -> bool:
@@ -49,11 +51,10 @@ class FlatParams:
         self.grad.zero_()
 
     def attached(self) -> bool:
-        """Whether every parameter's gradient is still its view of the flat gradient. Autograd keeps it
-        so; setting `.grad` to None (torch.optim's zero_grad) or a backward with create_graph does not."""
-        base = self.grad.untyped_storage().data_ptr()
-        return all(p.grad is not None and p.grad.untyped_storage().data_ptr() == base and p.grad.storage_offset() == o
-                   for p, o in zip(self.params, self.offsets))
+        """Whether every parameter's gradient is still the view set here. Autograd keeps it so; setting
+        `.grad` to None (torch.optim's zero_grad) or a backward with create_graph does not. Checked every
+        step, so by identity (torch hands out one Python object per tensor)."""
+        return all(p.grad is view for p, view in zip(self.params, self.grad_views))
 
     def check(self) -> None:
         """Raise unless attached: an update over the flat gradient would apply stale or zero values."""

@@ -48,6 +48,13 @@ def acting_backend(cfg, spec) -> str:
     return choice
 
 
+def native_kernel(native_acting: bool) -> bool:
+    """Whether a policy asked for fastrl_ext's kernel (system.native_acting) gets it: only where it is built."""
+    import fastrl_ext
+
+    return native_acting and fastrl_ext._acting is not None
+
+
 class NumpyPolicy:
     def __init__(self, layout: list[tuple[str, tuple, int]], spec, activation: str, native: bool = False):
         """`layout`: (state_dict name, shape, offset) of every tensor in the flat published weights.
@@ -55,7 +62,7 @@ class NumpyPolicy:
         import fastrl_ext
 
         self.layout, self.spec, self.activation = layout, spec, activation
-        self.native = native and fastrl_ext._acting is not None
+        self.native = native_kernel(native)
         self._act_mlp = fastrl_ext._acting.act_mlp if self.native else None
         self.plan = self.block = None  # the network as _acting takes it (load, pack_native)
         self.discrete = spec.discrete

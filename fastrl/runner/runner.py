@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import fastrl_ext
 from fastrl.buffers import SharedControl, SharedWeights, ShmAllocator, TrajBuffers, remove_stale_segments
 from fastrl.buffers.weights import state_layout
 from fastrl.config.checks import envs_per_split, num_traj_buffers, rollout_workers_act
@@ -143,10 +142,10 @@ class Runner:
         mode = "serial debug mode, one process" if cfg.system.serial else \
             f"{cfg.sampler.num_inference_workers} inference worker(s)"
         if rollout_workers_act(cfg):
-            from fastrl.models.numpy_policy import acting_backend
+            from fastrl.models.numpy_policy import acting_backend, native_kernel
 
             backend = acting_backend(cfg, self.spec)
-            native = backend == "numpy" and cfg.system.native_acting and fastrl_ext._acting is not None
+            native = backend == "numpy" and native_kernel(cfg.system.native_acting)
             mode += f", rollout workers act in {backend}" + (" (fastrl_ext kernel)" if native else "")
         self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "
                  f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} split(s), {mode}, "

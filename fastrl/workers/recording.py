@@ -112,6 +112,13 @@ class NativeRecorder(PythonRecorder):
     def record(self, group: int, env, slot: int, t: int) -> None:
         self.write_raw(group, env.recv_raw(), slot, t)
 
+    def _scale_rewards(self, group: int, slot: int, t: int) -> None:
+        """The reference's scaling in one C++ call on the scaler's own state (same bits)."""
+        s = self.reward_scaler
+        if s is not None:
+            self.scale_rewards(s.returns[group], s.moments, self.rewards[slot, t], self.valid[slot, t],
+                               self.was_reset[group], s.gamma, s.clip, s.eps)
+
     def write_raw(self, group: int, raw: tuple, slot: int, t: int) -> None:
         """`raw`: (obs, reward, done, trunc, env_id, score, game_over) as EnvpoolSplit.recv_raw gives it.
         Outputs the C++ does not take (a dtype or memory layout it was not written for; it checks them
@@ -128,10 +135,7 @@ class NativeRecorder(PythonRecorder):
             log.warning("recording this env's steps with the numpy reference: %s", err)
             self.write(group, step_from_raw(*raw), slot, t)
             return
-        if self.reward_scaler is not None:
-            s = self.reward_scaler
-            self.scale_rewards(s.returns[group], s.moments, self.rewards[slot, t], self.valid[slot, t],
-                               self.was_reset[group], s.gamma, s.clip, s.eps)
+        self._scale_rewards(group, slot, t)
         if finished:
             self.finished_scores.extend(self.finished_score_out[:finished].tolist())
             self.finished_lengths.extend(self.finished_length_out[:finished].tolist())

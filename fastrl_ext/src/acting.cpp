@@ -23,6 +23,7 @@
 //    (in, out, w_offset, b_offset, by_output) for each actor layer, each critic layer, the policy head and
 //    the value head (by_output: W stored (out, in), as torch keeps it, rather than (in, out)),
 //    mean_offset, inv_std_offset, std_offset, log_prob_const_offset]     (offsets: -1 where unused)
+#include "acting_api.h"
 #include "buffer_view.h"
 
 #include <algorithm>
@@ -64,6 +65,11 @@ struct Net {
 PyObject* fail(const char* what) {
     PyErr_Format(PyExc_ValueError, "act_mlp: %s", what);
     return nullptr;
+}
+
+int refuse(const char* what) {
+    fail(what);
+    return -1;
 }
 
 // Reads the plan and checks every offset and shape against the params block; false with an error set.
@@ -356,6 +362,38 @@ bool has_kind(const View& v, char kind, Py_ssize_t itemsize, int arg) {
     return ok;
 }
 
+// The checked batch forward, shared by act_mlp and the capsule: `int_action_bytes` 4 or 8 for categorical
+// actions written as int32/int64, 0 for float32 (Gaussian) actions. 0, or -1 with an error set.
+int act_rows(const View& plan, const View& params, const float* obs, int64_t obs_items, const float* random,
+             int64_t random_items, int64_t B, void* actions, int int_action_bytes, int64_t action_items,
+             float* log_probs, int64_t log_prob_items, float* values) {
+    thread_local Net net;  // no allocation per call once its layer vectors have grown
+    if (!read_plan(plan, params, net)) return -1;
+    if (net.discrete ? int_action_bytes == 0 : int_action_bytes != 0) {
+        PyErr_Format(PyExc_TypeError, "act_mlp: %s has the wrong dtype", NAMES[ACTIONS]);
+        return -1;
+    }
+    if (net.discrete && net.A > 64) return refuse("more than 64 discrete actions");
+    if (obs_items != B * net.D) return refuse("obs is not [B, D] for the network's D and values' B");
+    if (log_prob_items != B) return refuse("log_probs must hold B values");
+    const int64_t per_action = net.discrete ? 1 : net.A;
+    if (action_items != B * per_action) return refuse("actions must be [B] (categorical) or [B, A] (Gaussian)");
+    if (random_items != B * per_action) return refuse("random must be [B] uniforms or [B, A] normals");
+    const bool int32_actions = int_action_bytes == 4;
+    // the work rows live as long as the thread; resized only when a wider network arrives
+    thread_local std::vector<float> work;
+    if (static_cast<int64_t>(work.size()) < 6 * net.widest) work.resize(6 * net.widest);
+    thread_local std::vector<int64_t> narrow;  // int64 actions before an int32 destination
+    if (int32_actions && static_cast<int64_t>(narrow.size()) < B) narrow.resize(B);
+    int64_t* actions_i = int32_actions ? narrow.data() : static_cast<int64_t*>(actions);
+    act_batch(net, obs, random, B, actions_i, static_cast<float*>(actions), log_probs, values, work.data());
+    if (int32_actions) {
+        int32_t* out = static_cast<int32_t*>(actions);
+        for (int64_t i = 0; i < B; ++i) out[i] = static_cast<int32_t>(actions_i[i]);
+    }
+    return 0;
+}
+
 PyObject* py_act_mlp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (nargs != NUM_ARGS) {
         PyErr_Format(PyExc_TypeError, "act_mlp takes %d arguments (%s, ...)", NUM_ARGS, NAMES[0]);
@@ -369,34 +407,33 @@ PyObject* py_act_mlp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         !has_kind(v[RANDOM], 'f', 4, RANDOM) || !has_kind(v[LOG_PROBS], 'f', 4, LOG_PROBS) ||
         !has_kind(v[VALUES], 'f', 4, VALUES))
         return nullptr;
-    thread_local Net net;  // no allocation per call once its layer vectors have grown
-    if (!read_plan(v[PLAN], v[PARAMS], net)) return nullptr;
     // categorical actions go out as int64, or as int32 straight into a trajectory slot
-    const bool int32_actions = net.discrete && v[ACTIONS].buf.itemsize == 4;
-    if (net.discrete ? !has_kind(v[ACTIONS], 'i', int32_actions ? 4 : 8, ACTIONS) : !has_kind(v[ACTIONS], 'f', 4, ACTIONS))
+    const Py_ssize_t action_bytes = v[ACTIONS].buf.itemsize;
+    const char k = v[ACTIONS].kind();
+    const bool int_actions = (k == 'i' || k == 'l' || k == 'q') && (action_bytes == 4 || action_bytes == 8);
+    if (!int_actions && !has_kind(v[ACTIONS], 'f', 4, ACTIONS)) return nullptr;
+    if (act_rows(v[PLAN], v[PARAMS], static_cast<const float*>(v[OBS].buf.buf), v[OBS].items(),
+                 static_cast<const float*>(v[RANDOM].buf.buf), v[RANDOM].items(), v[VALUES].items(),
+                 v[ACTIONS].buf.buf, int_actions ? static_cast<int>(action_bytes) : 0, v[ACTIONS].items(),
+                 static_cast<float*>(v[LOG_PROBS].buf.buf), v[LOG_PROBS].items(),
+                 static_cast<float*>(v[VALUES].buf.buf)) != 0)
         return nullptr;
-    if (net.discrete && net.A > 64) return fail("more than 64 discrete actions");
-    const int64_t B = v[VALUES].items();
-    if (v[OBS].items() != B * net.D) return fail("obs is not [B, D] for the network's D and values' B");
-    if (v[LOG_PROBS].items() != B) return fail("log_probs must hold B values");
-    const int64_t per_action = net.discrete ? 1 : net.A;
-    if (v[ACTIONS].items() != B * per_action) return fail("actions must be [B] (categorical) or [B, A] (Gaussian)");
-    if (v[RANDOM].items() != B * per_action) return fail("random must be [B] uniforms or [B, A] normals");
-    // the work rows live as long as the thread; resized only when a wider network arrives
-    thread_local std::vector<float> work;
-    if (static_cast<int64_t>(work.size()) < 6 * net.widest) work.resize(6 * net.widest);
-    thread_local std::vector<int64_t> narrow;  // int64 actions before an int32 destination
-    if (int32_actions && static_cast<int64_t>(narrow.size()) < B) narrow.resize(B);
-    int64_t* actions_i = int32_actions ? narrow.data() : static_cast<int64_t*>(v[ACTIONS].buf.buf);
-    act_batch(net, static_cast<const float*>(v[OBS].buf.buf), static_cast<const float*>(v[RANDOM].buf.buf), B,
-              actions_i, static_cast<float*>(v[ACTIONS].buf.buf), static_cast<float*>(v[LOG_PROBS].buf.buf),
-              static_cast<float*>(v[VALUES].buf.buf), work.data());
-    if (int32_actions) {
-        int32_t* out = static_cast<int32_t*>(v[ACTIONS].buf.buf);
-        for (int64_t i = 0; i < B; ++i) out[i] = static_cast<int32_t>(actions_i[i]);
-    }
     Py_RETURN_NONE;
 }
+
+// fastrl_ext._rollout's way in: the same forward without a Python call (see acting_api.h)
+int act_from_objects(PyObject* plan_obj, PyObject* params_obj, const float* obs, int64_t obs_items,
+                     const float* random, int64_t random_items, int64_t B, void* actions, int int_action_bytes,
+                     int64_t action_items, float* log_probs, float* values) {
+    View plan, params;
+    if (!plan.get(plan_obj, false, "act_mlp", NAMES[PLAN]) || !params.get(params_obj, false, "act_mlp", NAMES[PARAMS]))
+        return -1;
+    if (!has_kind(plan, 'i', 8, PLAN) || !has_kind(params, 'f', 4, PARAMS)) return -1;
+    return act_rows(plan, params, obs, obs_items, random, random_items, B, actions, int_action_bytes, action_items,
+                    log_probs, B, values);
+}
+
+const fastrl_ext::ActingApi api = {act_from_objects};
 
 PyMethodDef methods[] = {
     {"act_mlp", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_act_mlp)), METH_FASTCALL,
@@ -413,6 +450,13 @@ PyMODINIT_FUNC PyInit__acting() {
     PyObject* m = PyModule_Create(&module);
     // which compiled variant runs the batch: "avx512", "avx2" or "default"
     if (m != nullptr && PyModule_AddStringConstant(m, "ISA", pick_act(&act_batch)) != 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    if (m == nullptr) return nullptr;
+    PyObject* capsule = PyCapsule_New(const_cast<fastrl_ext::ActingApi*>(&api), FASTRL_ACTING_CAPSULE, nullptr);
+    if (capsule == nullptr || PyModule_AddObject(m, "_C_API", capsule) != 0) {  // steals capsule only on success
+        Py_XDECREF(capsule);
         Py_DECREF(m);
         return nullptr;
     }

@@ -5,6 +5,8 @@ from setuptools import Extension, setup
 # the learner's pieces and the rollout worker's recorder share one header for the buffer protocol
 # (numpy arrays and views of CPU tensors)
 LEARNER_HEADERS = ["fastrl_ext/src/buffer_view.h"]
+RECORD_CORE = "fastrl_ext/src/record_core.h"  # the recording arithmetic, shared by _record and _rollout
+ACTING_API = "fastrl_ext/src/acting_api.h"    # what _acting's capsule hands _rollout
 
 
 def native_module(name: str, depends: list = (), optimize: str = "-O2", flags: list = ()) -> Extension:
@@ -19,8 +21,11 @@ setup(
         native_module("vtrace", LEARNER_HEADERS),
         native_module("appo_loss", LEARNER_HEADERS),
         # no fused multiply-adds: the reward scaler's float64 arithmetic matches numpy's bit for bit
-        native_module("record", LEARNER_HEADERS, flags=["-ffp-contract=off"]),
+        native_module("record", [*LEARNER_HEADERS, RECORD_CORE], flags=["-ffp-contract=off"]),
         # -O3: GCC 12 vectorises the MLP's row loops (trip counts known only at run time) only there
-        native_module("acting", LEARNER_HEADERS, optimize="-O3", flags=["-fno-trapping-math"]),
+        native_module("acting", [*LEARNER_HEADERS, ACTING_API], optimize="-O3", flags=["-fno-trapping-math"]),
+        # the rollout worker's steps between slot boundaries: record_core.h's arithmetic under the same
+        # flag as _record (same bits), and _acting's kernel through its capsule (its own flags)
+        native_module("rollout", [*LEARNER_HEADERS, RECORD_CORE, ACTING_API], flags=["-ffp-contract=off"]),
     ],
 )

@@ -10,9 +10,9 @@ from helpers import ROOT, RunProcess
 pytestmark = pytest.mark.integration
 
 
-def _losses(tmp_path, name, *overrides):
-    run = RunProcess("--config", str(ROOT / "configs/cartpole.yaml"), "--set", "system.serial=true", *overrides,
-                     "--set", "run.train_for_env_steps=15000", "--set", "run.stop_at_mean_return=null",
+def _losses(tmp_path, name, *overrides, preset="cartpole"):
+    run = RunProcess("--config", str(ROOT / f"configs/{preset}.yaml"), "--set", "system.serial=true",
+                     "--set", "run.train_for_env_steps=15000", "--set", "run.stop_at_mean_return=null", *overrides,
                      runs_dir=tmp_path, name=name)
     assert run.wait(120) == 0, run.output
     assert "serial debug mode" in run.output and run.child_names() == set()
@@ -28,3 +28,15 @@ def test_serial_mode_is_bit_reproducible(tmp_path, acting):
         overrides += ("--set", "sampler.acting_backend=torch")
     a, b = _losses(tmp_path, "a", *overrides), _losses(tmp_path, "b", *overrides)
     assert len(a) >= 10 and a == b  # exact float equality, every batch
+
+
+@pytest.mark.parametrize("preset, overrides", [
+    ("cartpole", ()),
+    ("cartpole", ("--set", "sampler.num_splits=2")),  # double buffering
+    ("mujoco_halfcheetah", ("--set", "run.train_for_env_steps=30000")),  # clipped float64 actions, scaled rewards
+], ids=["cartpole", "cartpole_2_splits", "halfcheetah"])
+def test_native_rollout_steps_train_bit_for_bit_as_the_python_steps(tmp_path, preset, overrides):
+    """fastrl_ext._rollout runs the steps between slot boundaries; pump every step (its reference)."""
+    native = _losses(tmp_path, "native", *overrides, preset=preset)
+    python = _losses(tmp_path, "python", *overrides, "--set", "system.native_rollout_loop=false", preset=preset)
+    assert len(native) >= 10 and native == python

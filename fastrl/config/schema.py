@@ -152,6 +152,10 @@ class SystemConfig:
         True, "Rollout workers that act with a small MLP in numpy (sampler.acting_backend) run its forward and "
         "action sampling in one fastrl_ext (C++) call; false uses the numpy reference (~25 numpy calls per "
         "forward of a 2x64 MLP). Both draw the same random numbers.")
+    native_rollout_loop: bool = opt(
+        True, "Rollout workers that act with the native kernel and record natively run the env steps between "
+        "two slot boundaries in one fastrl_ext (C++) call, picking up new weights once per call instead of "
+        "once per step; false runs every step through the Python pump (same bytes in serial mode).")
     serial: bool = opt(
         False, "Debug mode: every component in one process, stepped in a fixed order; bit-reproducible from the seed.")
 

@@ -3,8 +3,8 @@ in the runner's own process, stepped in a fixed order through the same classes a
 worker processes run. With a fixed seed two runs give bit-identical losses; a user can also set
 breakpoints anywhere in the pipeline.
 
-One `advance()` pumps every rollout worker once, lets every inference worker answer all waiting
-requests, and trains when the learner has a full batch, repeating until one batch was trained.
+One `advance()` trains a batch if the learner has one waiting; otherwise it pumps every rollout worker
+once and lets every inference worker answer all waiting requests, repeating until one batch was trained.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ class SerialDriver:
         """Run the pipeline until the learner has trained one batch; its report."""
         idle = 0
         while True:
+            # a batch left waiting (two slots handed over in one round) is trained before anything steps
+            # again, as the learner would the moment it is free: a rollout worker acting natively hands
+            # a slot over every pump, and the slots would otherwise pile up, ever staler
+            if self.learner.collect(block=False):
+                return self.learner.train_one()
             progressed = False
             for rollout in self.rollouts:
                 try:
@@ -45,8 +50,6 @@ class SerialDriver:
                     pass
             for inf in self.inference:
                 inf.pump(0.0)
-            if self.learner.collect(block=False):
-                return self.learner.train_one()
             idle = 0 if progressed else idle + 1
             if idle > MAX_IDLE_ROUNDS:
                 raise RuntimeError("serial mode made no progress (deadlock); check sampler.num_traj_buffers")

@@ -27,6 +27,7 @@ from fastrl.buffers.control import NO_OWNER
 from fastrl.config.checks import envs_per_split, rollout_workers_act, slots_per_batch
 from fastrl.envs import make_split
 from fastrl.ipc import put_report, wait_any
+from fastrl.workers.native_steps import NativeSteps, unavailable_reason
 from fastrl.workers.recording import make_recorder
 from fastrl.workers.process import WorkerContext, heartbeat_index, lower_priority, seconds_since_process_start
 
@@ -103,6 +104,8 @@ class RolloutWorker:
         scaler = ReturnScaler((n, self.num_envs), cfg.algo.gamma) if cfg.algo.normalize_rewards else None
         self.recorder = make_recorder(cfg.system.native_record, self.envs[0], b, n, self.num_envs, scaler,
                                       self._count_nonfinite)
+        # the steps between slot boundaries in one C++ call, where this worker acts and records natively
+        self.native_steps = NativeSteps(self) if unavailable_reason(self) is None else None
 
     def _count_nonfinite(self, env_steps: int) -> None:
         self.control.nonfinite.array[self.index] += env_steps
@@ -256,6 +259,10 @@ class RolloutWorker:
             self._build_other_groups()
         if self.slot[len(self.envs) - 1] < 0:
             self.start()  # groups just built: slots, first observations, first requests
+        if self.native_steps is not None:
+            # the steps before the next boundary first, so that a boundary step ends the call as in the
+            # Python-only loop: in serial mode the learner then trains at the same step either way
+            self.native_steps.run()
         k, groups = self.k, len(self.envs)
         for split in (k, (k + 1) % groups):
             if not self.sent[split]:
@@ -273,9 +280,10 @@ class RolloutWorker:
     def run(self) -> None:
         try:
             self.start()  # a stop can arrive while waiting for a first free slot: waits raise Stopped
-            self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start, nice %d%s",
+            self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start, nice %d%s%s",
                           len(self.envs), self.num_envs, seconds_since_process_start(), os.nice(0),
-                          ", SCHED_BATCH" if self.ctx.cfg.system.rollout_sched_batch else "")
+                          ", SCHED_BATCH" if self.ctx.cfg.system.rollout_sched_batch else "",
+                          ", steps between slot boundaries in one C++ call" if self.native_steps else "")
             while not self.control.stop_requested:
                 self.pump()
         except Stopped:

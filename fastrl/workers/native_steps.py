@@ -1,0 +1,107 @@
+"""Native steps: a rollout worker's env steps between two slot boundaries in one fastrl_ext._rollout call.
+
+For a worker that acts itself with the native MLP kernel and records with the native recorder, each
+env step of `RolloutWorker.pump` is three C++ calls (envpool's recv, record_step, act_mlp) held
+together by ~20 Python calls, views and lookups. `NativeSteps.run` hands the steps up to the next
+slot boundary to one C++ loop that does exactly what pump does on that path, step for step; pump
+itself keeps the boundary step (taking the next slot, handing the full one over), the heartbeat,
+the stop flag and the weight refresh, now once per call (at most T steps of a group) instead of
+once per step. The random numbers are drawn in one piece from the same Generator, which gives the
+same stream: serial mode trains bit for bit as with `system.native_rollout_loop=false`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_STEPS = 256  # steps per call at most: the heartbeat and the stop flag are looked at between calls
+
+
+def unavailable_reason(worker) -> str | None:
+    """Why `worker` cannot run its steps natively, or None when it can."""
+    import fastrl_ext
+
+    from fastrl.workers.acting import NumpyForward
+    from fastrl.workers.recording import NativeRecorder
+
+    if not worker.ctx.cfg.system.native_rollout_loop:
+        return "system.native_rollout_loop is false"
+    if fastrl_ext._rollout is None:
+        return "fastrl_ext is not built"
+    actor = worker.actor
+    if actor is None or not isinstance(actor.forward, NumpyForward) or actor.forward.policy._act_mlp is None:
+        return "the worker does not act with the native kernel"
+    if not isinstance(worker.recorder, NativeRecorder):
+        return "the worker does not record natively"
+    if worker.obs.dtype != np.float32:
+        return "observations are not float32"
+    return None
+
+
+class NativeSteps:
+    def __init__(self, worker):
+        import fastrl_ext
+
+        self.run_steps = fastrl_ext._rollout.run_steps
+        self.worker = worker
+        w = worker
+        b = w.ctx.bufs
+        self.slots = (b.obs.array, b.rewards.array, b.terminated.array, b.truncated.array, b.valid.array,
+                      b.actions.array, b.log_probs.array, b.values.array, b.policy_version.array)
+        self.scaler = w.recorder.reward_scaler
+        self.groups: tuple = ()
+        self.disabled = False  # a group whose envpool layout the loop does not know: pump does every step
+        capacity = MAX_STEPS * w.num_envs
+        self.finished_scores = np.empty(capacity, dtype=np.float64)
+        self.finished_lengths = np.empty(capacity, dtype=np.int64)
+
+    def _group(self, g: int, env) -> tuple | None:
+        direct = getattr(env, "_direct", None)
+        if direct is None:
+            return None
+        i = direct.index
+        atari = direct.atari
+        index = (i["obs"], i["reward"], i["done"], i["trunc"], i["info:env_id"],
+                 i["info:reward"] if atari else -1, i["info:terminated"] if atari else -1)
+        was_reset, ep_score, ep_len = self.worker.recorder.group_state[g]
+        returns = self.scaler.returns[g] if self.scaler is not None else None
+        # envpool reads the action array after `_send` returns; the list around it can be the same each call
+        return (direct.send_raw, [direct.ids, direct.ids, direct.actions], direct.recv_raw, direct.actions, index,
+                was_reset, ep_score, ep_len, returns)
+
+    def steps_to_boundary(self) -> int:
+        """How many steps, from group k on in turn, come before a group is collected at t = T - 1."""
+        w = self.worker
+        G, k, T = len(w.envs), w.k, w.T
+        return min(MAX_STEPS, min((g - k) % G + G * (T - 1 - w.t[g]) for g in range(G)))
+
+    def run(self) -> None:
+        """The steps up to (not including) the next boundary step, if the groups allow it."""
+        w = self.worker
+        if self.disabled or w.recorder.unsupported is not None or min(w.slot[:len(w.envs)]) < 0:
+            return
+        if len(self.groups) != len(w.envs):  # groups built since the last call
+            groups = tuple(self._group(g, env) for g, env in enumerate(w.envs))
+            if any(g is None for g in groups):
+                self.disabled = True
+                return
+            self.groups = groups
+        n = self.steps_to_boundary()
+        if n <= 0:
+            return
+        actor = w.actor
+        actor.refresh_weights()
+        policy, scaler = actor.forward.policy, self.scaler
+        random = policy._random(n * w.num_envs, actor.forward.rng)
+        k, finished, nonfinite = self.run_steps(
+            self.groups, self.slots, w.slot, w.t, w.sent, w.k, n, policy.plan, policy.block, random, actor.version,
+            w.action_low, w.action_high, scaler.moments if scaler is not None else None,
+            scaler.gamma if scaler is not None else 0.0, scaler.clip if scaler is not None else 0.0,
+            scaler.eps if scaler is not None else 0.0, self.finished_scores, self.finished_lengths)
+        w.k = k
+        if finished:
+            w.recorder.finished_scores.extend(self.finished_scores[:finished].tolist())
+            w.recorder.finished_lengths.extend(self.finished_lengths[:finished].tolist())
+        if nonfinite:
+            w.recorder.count_nonfinite(nonfinite)
+        w.control.inflight_steps.array[w.index] = sum(w.t) * w.num_envs

@@ -87,6 +87,7 @@ class Side:
         self.low = None if spec.discrete else np.asarray(spec.action_low, dtype=np.float32)
         self.high = None if spec.discrete else np.asarray(spec.action_high, dtype=np.float32)
         self.slot, self.t, self.sent, self.k = list(range(groups)), [0] * groups, [False] * groups, 0
+        self.weights_header = np.array([5, 42, 0], dtype=np.int64)  # seq 5 published, version 42: what it acts with
         b = self.bufs
         b.obs.array[:, 0] = np.random.default_rng(3).normal(size=b.obs.array[:, 0].shape)
         for g in range(groups):  # what RolloutWorker.start leaves: first observations, first actions
@@ -129,13 +130,14 @@ class Side:
                                           b.policy_version.array),
                     slot_list=self.slot, t_list=self.t, sent_list=self.sent, k=self.k, n_steps=n,
                     plan=self.policy.plan, params=self.policy.block,
-                    random=self.policy._random(n * N, self.rng), version=42, action_low=self.low,
+                    random=self.policy._random(n * N, self.rng), version=42, weights_seq=self.weights_header,
+                    seen_seq=5, action_low=self.low,
                     action_high=self.high, moments=None if s is None else s.moments, gamma=0.99 if s else 0.0,
                     clip=s.clip if s else 0.0, eps=s.eps if s else 0.0,
                     finished_scores=np.zeros(n * N), finished_lengths=np.zeros(n * N, dtype=np.int64))
         args.update(changes)
-        k, finished, nonfinite = fastrl_ext._rollout.run_steps(*args.values())
-        self.k = k
+        k, steps, finished, nonfinite = fastrl_ext._rollout.run_steps(*args.values())
+        self.k, self.steps = k, steps
         self.recorder.finished_scores.extend(args["finished_scores"][:finished].tolist())
         self.recorder.finished_lengths.extend(args["finished_lengths"][:finished].tolist())
         if nonfinite:
@@ -173,7 +175,7 @@ def test_native_steps_write_what_the_python_steps_write(spec, groups, scale, ata
     assert n == (T - 1) * groups  # every step of the first slots up to the first boundary
     ref.reference_steps(n)
     nat.native_steps(n)
-    assert ref.t == nat.t and ref.k == nat.k and ref.sent == nat.sent
+    assert nat.steps == n and ref.t == nat.t and ref.k == nat.k and ref.sent == nat.sent
     assert ref.recorder.finished_scores, "the random episodes should have ended some games"
     assert ref.state() == nat.state()
     if nonfinite:
@@ -211,3 +213,32 @@ def test_continuous_actions_need_their_bounds_as_float32():
     with pytest.raises(ValueError, match="action_low"):
         side.native_steps(2, action_low=np.zeros(5, np.float32), action_high=np.ones(5, np.float32))
     assert side.state() == before
+
+
+class PublishingEnv(FakeEnv):
+    """Publishes new weights (bumps the header's sequence number) during its `after`-th recv."""
+
+    def __init__(self, *args, header: np.ndarray, after: int):
+        super().__init__(*args)
+        self.header, self.after, self.calls = header, after, 0
+
+    def recv(self) -> list:
+        self.calls += 1
+        if self.calls == self.after:
+            self.header[0] += 1
+        return super().recv()
+
+
+def test_the_loop_stops_before_the_step_after_new_weights_are_published():
+    """Every step acts with the weights the per-step path would have read, give or take the step in
+    flight: the loop hands back to Python, which reads them, as soon as the learner has published."""
+    ref, nat = Side(DISCRETE, 1, False, False, 0.0), Side(DISCRETE, 1, False, False, 0.0)
+    env = nat.envs[0]
+    nat.envs[0] = PublishingEnv(env.raw, env.actions.dtype, 1, header=nat.weights_header, after=3)
+    nat.envs[0].actions = env.actions
+    nat.native_steps(T - 1)
+    assert nat.steps == 3 and nat.t == [3]
+    ref.reference_steps(3)
+    assert ref.state() == nat.state()
+    with pytest.raises(ValueError, match="weights_seq"):
+        nat.native_steps(1, weights_seq=np.zeros(3, np.float64))

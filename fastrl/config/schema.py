@@ -154,8 +154,8 @@ class SystemConfig:
         "forward of a 2x64 MLP). Both draw the same random numbers.")
     native_rollout_loop: bool = opt(
         True, "Rollout workers that act with the native kernel and record natively run the env steps between "
-        "two slot boundaries in one fastrl_ext (C++) call, picking up new weights once per call instead of "
-        "once per step; false runs every step through the Python pump (same bytes in serial mode).")
+        "two slot boundaries in one fastrl_ext (C++) call, handing back to Python whenever the learner has "
+        "published new weights; false runs every step through the Python pump (same bytes in serial mode).")
     serial: bool = opt(
         False, "Debug mode: every component in one process, stepped in a fixed order; bit-reproducible from the seed.")
 

@@ -5,9 +5,13 @@ env step of `RolloutWorker.pump` is three C++ calls (envpool's recv, record_step
 together by ~20 Python calls, views and lookups. `NativeSteps.run` hands the steps up to the next
 slot boundary to one C++ loop that does exactly what pump does on that path, step for step; pump
 itself keeps the boundary step (taking the next slot, handing the full one over), the heartbeat,
-the stop flag and the weight refresh, now once per call (at most T steps of a group) instead of
-once per step. The random numbers are drawn in one piece from the same Generator, which gives the
-same stream: serial mode trains bit for bit as with `system.native_rollout_loop=false`.
+the stop flag and the weight refresh: the loop returns as soon as the learner has published newer
+weights, and pump reads them and takes the next step itself, so each step acts with the weights the
+per-step path would have used. (Reading them only once per call, at most T steps, raised
+HalfCheetah's mean policy lag from 64 to 84 versions, and its two runs read 4,362 and 1,669 at 2M
+env steps against 5,707 for the per-step path.) The random numbers are drawn in one piece from the same
+Generator, which gives the same stream: serial mode, where nothing is published during a call,
+trains bit for bit as with `system.native_rollout_loop=false`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 MAX_STEPS = 256  # steps per call at most: the heartbeat and the stop flag are looked at between calls
+# Random numbers are drawn before a call for the steps it may take; a call ends early when new weights
+# arrive (HalfCheetah's learner publishes ~280 versions a second, every 1-2 of a worker's steps), so
+# each call asks for at most twice the steps the last one took, and never fewer than this
+MIN_STEPS = 4
 
 
 def unavailable_reason(worker) -> str | None:
@@ -49,8 +57,10 @@ class NativeSteps:
         self.slots = (b.obs.array, b.rewards.array, b.terminated.array, b.truncated.array, b.valid.array,
                       b.actions.array, b.log_probs.array, b.values.array, b.policy_version.array)
         self.scaler = w.recorder.reward_scaler
+        self.weights_header = w.ctx.weights.header.array  # [0]: the learner's publish sequence number
         self.groups: tuple = ()
         self.disabled = False  # a group whose envpool layout the loop does not know: pump does every step
+        self.last_steps = MAX_STEPS  # steps the last call took
         capacity = MAX_STEPS * w.num_envs
         self.finished_scores = np.empty(capacity, dtype=np.float64)
         self.finished_lengths = np.empty(capacity, dtype=np.int64)
@@ -86,16 +96,16 @@ class NativeSteps:
                 self.disabled = True
                 return
             self.groups = groups
-        n = self.steps_to_boundary()
+        n = min(self.steps_to_boundary(), max(MIN_STEPS, 2 * self.last_steps))
         if n <= 0:
             return
         actor = w.actor
         actor.refresh_weights()
         policy, scaler = actor.forward.policy, self.scaler
         random = policy._random(n * w.num_envs, actor.forward.rng)
-        k, finished, nonfinite = self.run_steps(
+        k, self.last_steps, finished, nonfinite = self.run_steps(
             self.groups, self.slots, w.slot, w.t, w.sent, w.k, n, policy.plan, policy.block, random, actor.version,
-            w.action_low, w.action_high, scaler.moments if scaler is not None else None,
+            self.weights_header, actor.seen_seq, w.action_low, w.action_high, scaler.moments if scaler is not None else None,
             scaler.gamma if scaler is not None else 0.0, scaler.clip if scaler is not None else 0.0,
             scaler.eps if scaler is not None else 0.0, self.finished_scores, self.finished_lengths)
         w.k = k

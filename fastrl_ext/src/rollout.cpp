@@ -5,9 +5,12 @@
 // step: for group k, send the actions of k and of k + 1 (double buffering) where not sent yet; collect k
 // through envpool's raw `_recv` and record it (fastrl_ext._record's arithmetic, record_core.h); scale
 // its rewards; act for k at t + 1 (fastrl_ext._acting's kernel, reached through its capsule); k + 1.
-// Python keeps every step where a slot fills or a new one is taken, the weight refresh (once per call
-// here instead of once per step), the heartbeat and the stop flag; it passes `n_steps` such that no
-// group collected in this call reaches t = T - 1, and the random numbers of those n_steps forwards.
+// Python keeps every step where a slot fills or a new one is taken, the weight refresh, the heartbeat
+// and the stop flag; it passes `n_steps` such that no group collected in this call reaches t = T - 1,
+// and the random numbers of those n_steps forwards. The loop ends early, before a step, once the
+// learner has published weights newer than those it acts with (the shared header's sequence number
+// moved): Python then reads them and takes the step itself, so every step acts with the weights the
+// per-step path would have used, give or take one step.
 //
 // Why native: on CartPole, with the recorder and the forward already native, the Python around them
 // (~20 calls, views and attribute lookups per env step of 32 envs) was the last cost between the
@@ -25,7 +28,7 @@ using namespace fastrl_ext::record;
 
 enum LoopArg {
     L_GROUPS, L_SLOTS, L_SLOT_LIST, L_T_LIST, L_SENT_LIST, L_K, L_N_STEPS, L_PLAN, L_PARAMS, L_RANDOM, L_VERSION,
-    L_ACTION_LOW, L_ACTION_HIGH, L_MOMENTS, L_GAMMA, L_CLIP, L_EPS, L_FINISHED_SCORES, L_FINISHED_LENGTHS, L_NUM_ARGS
+    L_WEIGHTS_SEQ, L_SEEN_SEQ, L_ACTION_LOW, L_ACTION_HIGH, L_MOMENTS, L_GAMMA, L_CLIP, L_EPS, L_FINISHED_SCORES, L_FINISHED_LENGTHS, L_NUM_ARGS
 };
 // a group: (send, send_args, recv, env_actions, output_index, was_reset, ep_score, ep_len, returns|None)
 enum GroupItem { G_SEND, G_SEND_ARGS, G_RECV, G_ENV_ACTIONS, G_INDEX, G_WAS_RESET, G_EP_SCORE, G_EP_LEN, G_RETURNS, G_NUM };
@@ -166,8 +169,8 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (nargs != L_NUM_ARGS) {
         PyErr_SetString(PyExc_TypeError,
                         "run_steps(groups, slots, slot_list, t_list, sent_list, k, n_steps, plan, params, random, version, "
-                        "action_low|None, action_high|None, moments|None, gamma, clip, eps, finished_scores, "
-                        "finished_lengths)");
+                        "weights_seq, seen_seq, action_low|None, action_high|None, moments|None, gamma, clip, eps, "
+                        "finished_scores, finished_lengths)");
         return nullptr;
     }
     PyObject *groups_obj = args[L_GROUPS], *slots_obj = args[L_SLOTS];
@@ -222,7 +225,15 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         if (a.int_actions ? !int_ok : !float_ok) return refuse("env_actions' dtype does not take the slots' actions"), nullptr;
     }
 
-    View random, low_v, high_v, moments_v, fs_v, fl_v;
+    View random, low_v, high_v, moments_v, fs_v, fl_v, seq_v;
+    const int64_t seen_seq = PyLong_AsLongLong(args[L_SEEN_SEQ]);
+    if (seen_seq == -1 && PyErr_Occurred()) return nullptr;
+    if (!seq_v.get(args[L_WEIGHTS_SEQ], false, "run_steps", "weights_seq")) return nullptr;
+    const char sk = seq_v.kind();
+    if (!((sk == 'l' || sk == 'q') && seq_v.buf.itemsize == 8) || seq_v.items() < 1)
+        return refuse("weights_seq must be int64, its first item the published sequence number"), nullptr;
+    // written by the learner in another process: read it afresh before every step
+    const int64_t* published_seq = static_cast<const int64_t*>(seq_v.buf.buf);
     if (!random.get(args[L_RANDOM], false, "run_steps", "random")) return nullptr;
     if (random.kind() != 'f' || random.items() != n_steps * N * a.per_action)
         return refuse("random must be float32, n_steps * N * (1 or A) numbers"), nullptr;
@@ -257,8 +268,9 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const Py_ssize_t D = shape.obs_row_items;
     double* finished_scores = static_cast<double*>(fs_v.buf.buf);
     int64_t* finished_lengths = static_cast<int64_t*>(fl_v.buf.buf);
-    Py_ssize_t num_finished = 0, num_bad = 0;
-    for (Py_ssize_t step = 0; step < n_steps; ++step) {
+    Py_ssize_t num_finished = 0, num_bad = 0, steps = 0;
+    for (; steps < n_steps; ++steps) {
+        if (__atomic_load_n(published_seq, __ATOMIC_ACQUIRE) != seen_seq) break;  // newer weights: Python's turn
         const Py_ssize_t next = (k + 1) % G;
         const Py_ssize_t slot = list_int(slot_list, k), t = list_int(t_list, k);
         if (PyErr_Occurred()) return nullptr;
@@ -292,15 +304,16 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         random_at += per_step;
         k = next;
     }
-    return Py_BuildValue("(nnn)", k, num_finished, num_bad);
+    return Py_BuildValue("(nnnn)", k, steps, num_finished, num_bad);
 }
 
 PyMethodDef methods[] = {
     {"run_steps", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_run_steps)), METH_FASTCALL,
-     "run_steps(groups, slots, slot_list, t_list, sent_list, k, n_steps, plan, params, random, version, action_low|None, "
-     "action_high|None, moments|None, gamma, clip, eps, finished_scores, finished_lengths) -> (k, finished, nonfinite): "
-     "n_steps of RolloutWorker.pump for workers that act with the native kernel, none at a slot boundary; t_list and "
-     "sent_list are updated in place, finished games' scores and lengths written first in finished_*."},
+     "run_steps(groups, slots, slot_list, t_list, sent_list, k, n_steps, plan, params, random, version, weights_seq, "
+     "seen_seq, action_low|None, action_high|None, moments|None, gamma, clip, eps, finished_scores, finished_lengths) "
+     "-> (k, steps, finished, nonfinite): up to n_steps of RolloutWorker.pump for workers that act with the native "
+     "kernel, none at a slot boundary, stopping early once weights_seq[0] != seen_seq; t_list and sent_list are "
+     "updated in place, finished games' scores and lengths written first in finished_*."},
     {nullptr, nullptr, 0, nullptr},
 };
 

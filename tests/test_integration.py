@@ -71,10 +71,13 @@ def test_resume_continues_counters(tmp_path):
     first = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=20000", runs_dir=tmp_path)
     assert first.wait(120) == 0, first.output
     s1 = first.summary()
-    second = RunProcess("--resume", "--set", "run.train_for_env_steps=40000", runs_dir=tmp_path)
+    # 40k env steps past the first run's count: more than the 12 slots hold, so the resumed learner must
+    # train (a target of 40k in all was once met by slots sampled before its learner had started)
+    target = s1["env_steps"] + 40000
+    second = RunProcess("--resume", "--set", f"run.train_for_env_steps={target}", runs_dir=tmp_path)
     assert second.wait(120) == 0, second.output
     s2 = second.summary()
-    assert s2["env_steps"] >= 40000 and s2["env_steps"] > s1["env_steps"]
+    assert s2["env_steps"] >= target
     assert s2["policy_version"] > s1["policy_version"] and s2["train_steps"] > s1["train_steps"]
     assert_clean(second)
 

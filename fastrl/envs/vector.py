@@ -74,6 +74,12 @@ class _DirectCalls:
         # must be ours and stay unchanged until the matching recv
         self.actions = np.zeros(action_shape, dtype=action_type)
         self.atari = all(k in self.index for k in _ATARI_KEYS)
+        i = self.index
+        # where `_recv`'s list holds (obs, reward, done, trunc, env_id, score, game_over): -1 for the last
+        # two off Atari; `recv` reads them, and so does fastrl_ext._rollout
+        self.positions = (i["obs"], i["reward"], i["done"], i["trunc"], i["info:env_id"],
+                          i["info:reward"] if self.atari else -1, i["info:terminated"] if self.atari else -1)
+        self.send_args = [self.ids, self.ids, self.actions]  # envpool reads the actions after `_send` returns
 
     @staticmethod
     def supported(env) -> bool:
@@ -90,18 +96,14 @@ class _DirectCalls:
 
     def send(self, actions: np.ndarray) -> None:
         self.actions[...] = actions  # casts like envpool's own astype (HalfCheetah takes float64)
-        self.send_raw([self.ids, self.ids, self.actions])
+        self.send_raw(self.send_args)
 
     def recv(self) -> tuple:
         """envpool's outputs in the order `EnvpoolSplit.recv_raw` returns them."""
         values = self.recv_raw()
-        i = self.index
-        if self.atari:
-            score, game_over = values[i["info:reward"]], values[i["info:terminated"]]
-        else:
-            score = game_over = None
-        return (values[i["obs"]], values[i["reward"]], values[i["done"]], values[i["trunc"]],
-                values[i["info:env_id"]], score, game_over)
+        obs, reward, done, trunc, env_id, score, game_over = self.positions
+        return (values[obs], values[reward], values[done], values[trunc], values[env_id],
+                values[score] if score >= 0 else None, values[game_over] if game_over >= 0 else None)
 
 
 class EnvpoolSplit:
@@ -122,6 +124,12 @@ class EnvpoolSplit:
     @property
     def direct(self) -> bool:
         return self._direct is not None
+
+    def raw_calls(self) -> tuple | None:
+        """(send, its argument list, recv, the action array envpool reads, the output positions), for code
+        that calls envpool's C++ itself (fastrl_ext._rollout); None when this split goes through the API."""
+        d = self._direct
+        return None if d is None else (d.send_raw, d.send_args, d.recv_raw, d.actions, d.positions)
 
     def reset(self) -> Step:
         self._env.async_reset()

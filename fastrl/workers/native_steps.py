@@ -66,18 +66,12 @@ class NativeSteps:
         self.finished_lengths = np.empty(capacity, dtype=np.int64)
 
     def _group(self, g: int, env) -> tuple | None:
-        direct = getattr(env, "_direct", None)
-        if direct is None:
+        raw_calls = getattr(env, "raw_calls", lambda: None)()  # gymnasium splits have none
+        if raw_calls is None:
             return None
-        i = direct.index
-        atari = direct.atari
-        index = (i["obs"], i["reward"], i["done"], i["trunc"], i["info:env_id"],
-                 i["info:reward"] if atari else -1, i["info:terminated"] if atari else -1)
         was_reset, ep_score, ep_len = self.worker.recorder.group_state[g]
         returns = self.scaler.returns[g] if self.scaler is not None else None
-        # envpool reads the action array after `_send` returns; the list around it can be the same each call
-        return (direct.send_raw, [direct.ids, direct.ids, direct.actions], direct.recv_raw, direct.actions, index,
-                was_reset, ep_score, ep_len, returns)
+        return (*raw_calls, was_reset, ep_score, ep_len, returns)
 
     def steps_to_boundary(self) -> int:
         """How many steps, from group k on in turn, come before a group is collected at t = T - 1."""

@@ -105,7 +105,8 @@ class RolloutWorker:
         self.recorder = make_recorder(cfg.system.native_record, self.envs[0], b, n, self.num_envs, scaler,
                                       self._count_nonfinite)
         # the steps between slot boundaries in one C++ call, where this worker acts and records natively
-        self.native_steps = NativeSteps(self) if unavailable_reason(self) is None else None
+        self.why_no_native_steps = unavailable_reason(self)
+        self.native_steps = NativeSteps(self) if self.why_no_native_steps is None else None
 
     def _count_nonfinite(self, env_steps: int) -> None:
         self.control.nonfinite.array[self.index] += env_steps
@@ -283,7 +284,8 @@ class RolloutWorker:
             self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start, nice %d%s%s",
                           len(self.envs), self.num_envs, seconds_since_process_start(), os.nice(0),
                           ", SCHED_BATCH" if self.ctx.cfg.system.rollout_sched_batch else "",
-                          ", steps between slot boundaries in one C++ call" if self.native_steps else "")
+                          ", steps between slot boundaries in one C++ call" if self.native_steps
+                          else f", every step through Python ({self.why_no_native_steps})")
             while not self.control.stop_requested:
                 self.pump()
         except Stopped:

@@ -362,13 +362,11 @@ bool has_kind(const View& v, char kind, Py_ssize_t itemsize, int arg) {
     return ok;
 }
 
-// The checked batch forward, shared by act_mlp and the capsule: `int_action_bytes` 4 or 8 for categorical
-// actions written as int32/int64, 0 for float32 (Gaussian) actions. 0, or -1 with an error set.
-int act_rows(const View& plan, const View& params, const float* obs, int64_t obs_items, const float* random,
-             int64_t random_items, int64_t B, void* actions, int int_action_bytes, int64_t action_items,
-             float* log_probs, int64_t log_prob_items, float* values) {
-    thread_local Net net;  // no allocation per call once its layer vectors have grown
-    if (!read_plan(plan, params, net)) return -1;
+// The checked batch forward on a read network: `int_action_bytes` 4 or 8 for categorical actions written
+// as int32/int64, 0 for float32 (Gaussian) actions. 0, or -1 with an error set.
+int act_net(const Net& net, const float* obs, int64_t obs_items, const float* random, int64_t random_items,
+            int64_t B, void* actions, int int_action_bytes, int64_t action_items, float* log_probs,
+            int64_t log_prob_items, float* values) {
     if (net.discrete ? int_action_bytes == 0 : int_action_bytes != 0) {
         PyErr_Format(PyExc_TypeError, "act_mlp: %s has the wrong dtype", NAMES[ACTIONS]);
         return -1;
@@ -412,28 +410,44 @@ PyObject* py_act_mlp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const char k = v[ACTIONS].kind();
     const bool int_actions = (k == 'i' || k == 'l' || k == 'q') && (action_bytes == 4 || action_bytes == 8);
     if (!int_actions && !has_kind(v[ACTIONS], 'f', 4, ACTIONS)) return nullptr;
-    if (act_rows(v[PLAN], v[PARAMS], static_cast<const float*>(v[OBS].buf.buf), v[OBS].items(),
-                 static_cast<const float*>(v[RANDOM].buf.buf), v[RANDOM].items(), v[VALUES].items(),
-                 v[ACTIONS].buf.buf, int_actions ? static_cast<int>(action_bytes) : 0, v[ACTIONS].items(),
-                 static_cast<float*>(v[LOG_PROBS].buf.buf), v[LOG_PROBS].items(),
-                 static_cast<float*>(v[VALUES].buf.buf)) != 0)
+    thread_local Net net;  // no allocation per call once its layer vectors have grown
+    if (!read_plan(v[PLAN], v[PARAMS], net)) return nullptr;
+    if (act_net(net, static_cast<const float*>(v[OBS].buf.buf), v[OBS].items(),
+                static_cast<const float*>(v[RANDOM].buf.buf), v[RANDOM].items(), v[VALUES].items(),
+                v[ACTIONS].buf.buf, int_actions ? static_cast<int>(action_bytes) : 0, v[ACTIONS].items(),
+                static_cast<float*>(v[LOG_PROBS].buf.buf), v[LOG_PROBS].items(),
+                static_cast<float*>(v[VALUES].buf.buf)) != 0)
         return nullptr;
     Py_RETURN_NONE;
 }
 
-// fastrl_ext._rollout's way in: the same forward without a Python call (see acting_api.h)
-int act_from_objects(PyObject* plan_obj, PyObject* params_obj, const float* obs, int64_t obs_items,
-                     const float* random, int64_t random_items, int64_t B, void* actions, int int_action_bytes,
-                     int64_t action_items, float* log_probs, float* values) {
+// fastrl_ext._rollout's way in (see acting_api.h): the network read once for a call of many steps; its
+// views keep the plan's and weights' buffers held for as long as the binding lives
+struct BoundNet {
     View plan, params;
-    if (!plan.get(plan_obj, false, "act_mlp", NAMES[PLAN]) || !params.get(params_obj, false, "act_mlp", NAMES[PARAMS]))
-        return -1;
-    if (!has_kind(plan, 'i', 8, PLAN) || !has_kind(params, 'f', 4, PARAMS)) return -1;
-    return act_rows(plan, params, obs, obs_items, random, random_items, B, actions, int_action_bytes, action_items,
-                    log_probs, B, values);
+    Net net;
+};
+
+void* bind_net(PyObject* plan_obj, PyObject* params_obj) {
+    auto* bound = new BoundNet;
+    if (!bound->plan.get(plan_obj, false, "act_mlp", NAMES[PLAN]) ||
+        !bound->params.get(params_obj, false, "act_mlp", NAMES[PARAMS]) || !has_kind(bound->plan, 'i', 8, PLAN) ||
+        !has_kind(bound->params, 'f', 4, PARAMS) || !read_plan(bound->plan, bound->params, bound->net)) {
+        delete bound;
+        return nullptr;
+    }
+    return bound;
 }
 
-const fastrl_ext::ActingApi api = {act_from_objects};
+void release_net(void* bound) { delete static_cast<BoundNet*>(bound); }
+
+int act_bound(const void* bound, const float* obs, int64_t obs_items, const float* random, int64_t random_items,
+              int64_t B, void* actions, int int_action_bytes, int64_t action_items, float* log_probs, float* values) {
+    return act_net(static_cast<const BoundNet*>(bound)->net, obs, obs_items, random, random_items, B, actions,
+                   int_action_bytes, action_items, log_probs, B, values);
+}
+
+const fastrl_ext::ActingApi api = {bind_net, act_bound, release_net};
 
 PyMethodDef methods[] = {
     {"act_mlp", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_act_mlp)), METH_FASTCALL,

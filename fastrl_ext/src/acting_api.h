@@ -12,12 +12,15 @@
 namespace fastrl_ext {
 
 struct ActingApi {
-    // act_mlp on raw rows: `plan` and `params` as NumpyPolicy keeps them; obs [B, D] float32, random [B] or
-    // [B, A] float32; actions int32/int64 (`int_action_bytes` 4 or 8, categorical) or float32 (0); the
-    // *_items counts are checked against the network. 0, or -1 with a Python error set.
-    int (*act)(PyObject* plan, PyObject* params, const float* obs, int64_t obs_items, const float* random,
-               int64_t random_items, int64_t B, void* actions, int int_action_bytes, int64_t action_items,
-               float* log_probs, float* values);
+    // Reads `plan` and `params` (as NumpyPolicy keeps them) once, holding their buffers: an opaque network
+    // for `act`, or null with a Python error set. Give it back with `release`.
+    void* (*bind)(PyObject* plan, PyObject* params);
+    // act_mlp on raw rows with a bound network: obs [B, D] float32, random [B] or [B, A] float32; actions
+    // int32/int64 (`int_action_bytes` 4 or 8, categorical) or float32 (0); the *_items counts are checked
+    // against the network. 0, or -1 with a Python error set.
+    int (*act)(const void* net, const float* obs, int64_t obs_items, const float* random, int64_t random_items,
+               int64_t B, void* actions, int int_action_bytes, int64_t action_items, float* log_probs, float* values);
+    void (*release)(void* net);
 };
 
 }  // namespace fastrl_ext

@@ -115,13 +115,7 @@ bool collect_group(Group& g, Py_ssize_t slot, Py_ssize_t t, double* finished_sco
     Py_ssize_t finished = 0, bad = 0;
     ok = ok && check_source(v, atari, g.to, from) &&
          record_into(from, g.to, slot, t, finished_scores + *num_finished, finished_lengths + *num_finished, &finished, &bad);
-    for (auto& view : v) {  // release before the list that owns the arrays
-        if (view.held) {
-            PyBuffer_Release(&view.buf);
-            view.held = false;
-        }
-    }
-    Py_DECREF(seq);
+    Py_DECREF(seq);  // each view holds its own reference to its array until it is released
     *num_finished += finished;
     *num_bad += bad;
     return ok;
@@ -262,6 +256,9 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (fs_v.kind() != 'd' || !check_int(fl_v, 8, FINISHED_LENGTHS) || fs_v.items() < n_steps * N || fl_v.items() < n_steps * N)
         return refuse("finished_scores (float64) and finished_lengths (int64) must hold n_steps * N"), nullptr;
 
+    // the weights cannot change during the call (it ends at a new version): the network is read once
+    const std::unique_ptr<void, void (*)(void*)> net(acting->bind(args[L_PLAN], args[L_PARAMS]), acting->release);
+    if (!net) return nullptr;
     const float* obs = reinterpret_cast<const float*>(shape.obs);
     const float* random_at = static_cast<const float*>(random.buf.buf);
     const Py_ssize_t per_step = N * a.per_action;
@@ -295,7 +292,7 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         const Py_ssize_t t1 = t + 1, acted = (slot * T + t1) * N;
         if (!set_list_item(t_list, k, PyLong_FromSsize_t(t1))) return nullptr;
         void* actions = static_cast<char*>(slot_views[S_ACTIONS].buf.buf) + acted * a.per_action * slot_views[S_ACTIONS].buf.itemsize;
-        if (acting->act(args[L_PLAN], args[L_PARAMS], obs + (slot * (T + 1) + t1) * N * D, N * D, random_at, per_step, N,
+        if (acting->act(net.get(), obs + (slot * (T + 1) + t1) * N * D, N * D, random_at, per_step, N,
                         actions, a.int_actions ? 4 : 0, per_step, static_cast<float*>(slot_views[S_LOG_PROBS].buf.buf) + acted,
                         static_cast<float*>(slot_views[S_VALUES].buf.buf) + acted) != 0)
             return nullptr;

@@ -55,7 +55,8 @@ def main() -> None:
     torch.set_num_threads(cfg.system.learner_threads)
     keep_freed_heap(cfg.system.heap_keep_mib)  # as the learner process does
     torch.manual_seed(cfg.run.seed)
-    trainer = appo.APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag)
+    trainer = appo.APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag,
+                               shards=cfg.system.learner_shards)
     batch = synthetic_batch(cfg, spec)
 
     spent: dict[str, float] = defaultdict(float)

@@ -21,11 +21,14 @@ def _losses(tmp_path, name, *overrides, preset="cartpole"):
             for r in rows]
 
 
-@pytest.mark.parametrize("acting", ["inference_worker", "in_rollout", "in_rollout_torch"])
-def test_serial_mode_is_bit_reproducible(tmp_path, acting):
-    overrides = ("--set", f"sampler.num_inference_workers={1 if acting == 'inference_worker' else 0}")
-    if acting == "in_rollout_torch":
+@pytest.mark.parametrize("variant", ["inference_worker", "in_rollout", "in_rollout_torch", "learner_shards"])
+def test_serial_mode_is_bit_reproducible(tmp_path, variant):
+    overrides = ("--set", f"sampler.num_inference_workers={1 if variant == 'inference_worker' else 0}")
+    if variant == "in_rollout_torch":
         overrides += ("--set", "sampler.acting_backend=torch")
+    if variant == "learner_shards":  # the pieces' gradients are summed in a fixed order, whichever thread ends first
+        overrides += ("--set", "system.learner_shards=2", "--set", "algo.minibatch_unit=samples",
+                      "--set", "algo.num_minibatches=4")
     a, b = _losses(tmp_path, "a", *overrides), _losses(tmp_path, "b", *overrides)
     assert len(a) >= 10 and a == b  # exact float equality, every batch
 

@@ -19,9 +19,10 @@ from typing import Callable
 import torch
 
 from fastrl.algo.adam import Adam
-from fastrl.algo.appo_loss import appo_loss
+from fastrl.algo.appo_loss import LossOutput, appo_loss, normalized_advantages
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm
+from fastrl.algo.shards import ShardPool
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
 from fastrl.models import ActorCritic
@@ -45,8 +46,13 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
 
 
 class APPOTrainer:
-    def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0):
+    def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0, shards: int = 1):
+        """`shards` > 1 (system.learner_shards) runs each sample minibatch, and the batch's no-grad
+        forward, as that many pieces on as many threads (fastrl.algo.shards)."""
+        if shards > 1 and cfg.minibatch_unit != "samples":
+            raise ValueError("learner shards need algo.minibatch_unit=samples")
         self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag
+        self.pool = ShardPool(shards)
         # minibatch order: its own stream, so a run's seed fixes it whatever else draws numbers
         self.generator = torch.Generator().manual_seed(seed)
         self.trained_params = [p for p in model.parameters() if p.requires_grad]
@@ -58,6 +64,11 @@ class APPOTrainer:
         self.skipped_total = 0   # optimizer steps dropped for a non-finite loss or gradient
         self.skipped_in_row = 0  # ... since the last good one
 
+    def set_shards(self, shards: int) -> None:
+        """Change how many threads share each minibatch (the bench times 1 beside the configured count)."""
+        self.pool.close()
+        self.pool = ShardPool(shards)
+
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -68,12 +79,28 @@ class APPOTrainer:
         T1, B = obs.shape[:2]
         flat = obs.reshape(T1 * B, *obs.shape[2:])
         rows = max(1, NO_GRAD_CHUNK_BYTES // max(1, flat[0].numel() * flat.element_size()))
+        if chunked and self.pool.shards > 1:
+            # a number of equal chunks that the shards share evenly
+            shards = self.pool.shards
+            num_chunks = -(-flat.shape[0] // rows)
+            num_chunks = -(-num_chunks // shards) * shards
+            rows = max(1, -(-flat.shape[0] // num_chunks))
         if not chunked or rows >= flat.shape[0]:
             params, values = self.model(flat)
         else:
-            pieces = [self.model(flat[i:i + rows]) for i in range(0, flat.shape[0], rows)]
+            chunks = [flat[i:i + rows] for i in range(0, flat.shape[0], rows)]
+            if self.pool.shards > 1:
+                # each thread takes a contiguous run of chunks, so the pieces come back in order
+                runs = _contiguous_runs(chunks, self.pool.shards)
+                pieces = [p for run in self.pool.map(self._no_grad_forwards, runs) for p in run]
+            else:
+                pieces = [self.model(chunk) for chunk in chunks]
             params, values = torch.cat([p for p, _ in pieces]), torch.cat([v for _, v in pieces])
         return params.reshape(T1, B, *params.shape[1:])[:-1], values.reshape(T1, B)
+
+    def _no_grad_forwards(self, chunks: list) -> list:
+        with torch.no_grad():  # grad mode is per thread: the caller's no_grad does not reach a shard's
+            return [self.model(chunk) for chunk in chunks]
 
     def _trajectory_minibatch_loss(self, mb: dict):
         """Whole trajectories [T(+1), b]: V-trace with this minibatch's own (current) values."""
@@ -92,11 +119,62 @@ class APPOTrainer:
         return self._loss(mb, self.model.log_prob(params, mb["actions"]), self.model.entropy(params), values,
                           mb["vs"], mb["pg_advantages"])
 
-    def _loss(self, mb: dict, new_log_probs, entropy, values, value_targets, advantages):
+    def _loss(self, mb: dict, new_log_probs, entropy, values, value_targets, advantages, normalize_adv=None):
         cfg = self.cfg
+        normalize_adv = cfg.normalize_advantages if normalize_adv is None else normalize_adv
         return appo_loss(new_log_probs, mb["log_probs"], entropy, values, mb["values"], value_targets, advantages,
                          mb["train_mask"], cfg.clip_ratio, cfg.value_coef, cfg.entropy_coef, cfg.value_clip,
-                         cfg.normalize_advantages, native=cfg.native_loss)
+                         normalize_adv, native=cfg.native_loss)
+
+    def _loss_and_gradient(self, mb: dict, minibatch_loss) -> LossOutput:
+        """The minibatch's loss, with its gradient in the parameters' .grad (zeroed first)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.pool.shards > 1:
+            return self._sharded_sample_backward(mb)
+        out = minibatch_loss(mb)
+        out.loss.backward()
+        return out
+
+    def _sharded_sample_backward(self, mb: dict) -> LossOutput:
+        """The sample minibatch's loss and gradient as `pool.shards` pieces on as many threads; the
+        gradient lands in the parameters' .grad, as `loss.backward()` would leave it.
+
+        Piece k's loss is its mean over its valid samples, weighted by its share of the minibatch's
+        valid samples: the weighted sum is the whole minibatch's mean, and so is its gradient.
+        Advantages are normalised over the whole minibatch first, as the unsharded loss does."""
+        mask = mb["train_mask"]
+        advantages = mb["pg_advantages"]
+        if self.cfg.normalize_advantages:
+            advantages = normalized_advantages(advantages, mask)
+        total_valid = max(1, int(mask.sum()))
+        n = mask.shape[0]
+        bounds = [(n * k // self.pool.shards, n * (k + 1) // self.pool.shards) for k in range(self.pool.shards)]
+        bounds = [(lo, hi) for lo, hi in bounds if hi > lo]
+
+        def piece(index_and_bounds):
+            index, (lo, hi) = index_and_bounds
+            part = {key: value[lo:hi] for key, value in mb.items()}
+            params, values = self.model(part["obs"])
+            out = self._loss(part, self.model.log_prob(params, part["actions"]), self.model.entropy(params), values,
+                             part["vs"], advantages[lo:hi], normalize_adv=False)
+            weight = int(part["train_mask"].sum()) / total_valid
+            loss = out.loss * weight
+            if index == 0:
+                loss.backward()  # into .grad (the flat buffer's views stay attached); the others only read
+                return out, weight, None
+            return out, weight, torch.autograd.grad(loss, self.trained_params, allow_unused=True)
+
+        results = self.pool.map(piece, list(enumerate(bounds)))
+        for _, _, grads in results[1:]:
+            for p, g in zip(self.trained_params, grads):
+                if g is None:
+                    continue
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+        return LossOutput(*(sum(weight * getattr(out, name).detach().double() for out, weight, _ in results)
+                            for name in LossOutput._fields))
 
     @torch.no_grad()
     def _flat_samples_with_targets(self, batch: dict) -> dict:
@@ -162,9 +240,7 @@ class APPOTrainer:
         for mb, minibatch_loss in self._minibatches(batch):
             if should_stop is not None and should_stop():
                 break
-            out = minibatch_loss(mb)
-            self.optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
+            out = self._loss_and_gradient(mb, minibatch_loss)
             flat = self.flat is not None and self.flat.attached()  # not under another optimizer's zero_grad
             grad_norm = clip_grad_norm(self.trained_params, cfg.max_grad_norm, self.flat.grad if flat else None)
             if not torch.isfinite(out.loss) or not torch.isfinite(grad_norm):
@@ -193,3 +269,8 @@ class APPOTrainer:
             samples=int(valid.numel()), lr=self.optimizer.param_groups[0]["lr"],
         )
         return stats
+
+
+def _contiguous_runs(items: list, n: int) -> list[list]:
+    """items cut into n runs of consecutive items, as even as they go (some empty if len < n)."""
+    return [items[len(items) * k // n:len(items) * (k + 1) // n] for k in range(n)]

@@ -50,6 +50,12 @@ def normalize_advantages(adv: torch.Tensor, mean_of: _ValidMean, eps: float = 1e
     return centred / (var.sqrt() + eps)
 
 
+def normalized_advantages(adv: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Advantages normalised over the valid samples, as the loss does with normalize_adv: for a
+    minibatch the learner cuts into pieces (fastrl.algo.shards) before each piece's loss."""
+    return normalize_advantages(adv, _ValidMean(valid.bool(), adv.dtype))
+
+
 def appo_loss_torch(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, entropy: torch.Tensor,
                     new_values: torch.Tensor, old_values: torch.Tensor, value_targets: torch.Tensor,
                     advantages: torch.Tensor, valid: torch.Tensor, clip_ratio: float, value_coef: float,

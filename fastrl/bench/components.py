@@ -228,7 +228,8 @@ def bench_learn(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     keep_freed_heap(cfg.system.heap_keep_mib)  # as the learner process does
     torch.manual_seed(cfg.run.seed)
     model = build_learner_model(spec, cfg)
-    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag)
+    shards = cfg.system.learner_shards
+    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards)
     batch = synthetic_batch(cfg, spec)
     passes = cfg.algo.batch_size * cfg.algo.num_epochs
 
@@ -241,13 +242,15 @@ def bench_learn(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     per_core = done / max(cpu_s, 1e-9)
     detail = {"batch_size": cfg.algo.batch_size, "epochs": cfg.algo.num_epochs,
               "minibatches": cfg.algo.num_minibatches, "torch_threads": cfg.system.learner_threads,
-              "note": "samples/s count every epoch's pass over the batch"}
-    if cfg.system.learner_threads > 1:
+              "shards": shards, "note": "samples/s count every epoch's pass over the batch"}
+    if cfg.system.learner_threads > 1 or shards > 1:
         # The bound needs the learner's cheapest CPU cost per sample. Alone, a multi-threaded learner
         # is billed for the time its threads spin at each barrier. In the real run the other
         # processes get that time back, so its per-core rate here made the bound too low: the
-        # 2-thread Pong train stage ran at 113% of it. One thread pays no barriers.
+        # 2-thread Pong train stage ran at 113% of it. One thread pays no barriers (nor a shard's
+        # wait for its slower partner).
         torch.set_num_threads(1)
+        trainer.set_shards(1)
         _, done_1, cpu_s_1, _ = _timed_loop(step, max(2.0, seconds / 2), progress, "samples (1 thread)")
         torch.set_num_threads(cfg.system.learner_threads)
         per_core_1 = done_1 / max(cpu_s_1, 1e-9)

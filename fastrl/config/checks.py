@@ -54,11 +54,19 @@ def check_config(cfg: Config) -> list[str]:
         "system.inference_threads": sysc.inference_threads,
         "run.train_for_env_steps": r.train_for_env_steps, "run.keep_checkpoints": r.keep_checkpoints,
     }
-    if sysc.learner_threads != "auto":
-        positive["system.learner_threads"] = sysc.learner_threads
+    for key in ("learner_threads", "learner_shards"):
+        if getattr(sysc, key) != "auto":
+            positive[f"system.{key}"] = getattr(sysc, key)
     for key, value in positive.items():
         if value < 1:
             problems.append(f"{key} must be >= 1, got {value}")
+    if sysc.learner_shards != "auto" and sysc.learner_shards > 1:
+        if a.minibatch_unit != "samples":
+            problems.append(f"system.learner_shards={sysc.learner_shards} cuts minibatches of single samples: it needs "
+                            f"algo.minibatch_unit=samples, got {a.minibatch_unit}")
+        if sysc.learner_threads not in ("auto", 1):
+            problems.append(f"system.learner_shards={sysc.learner_shards} runs each shard on one torch thread: set "
+                            f"system.learner_threads to 1 or auto, got {sysc.learner_threads}")
     for key, value in {"algo.lr": a.lr, "algo.clip_ratio": a.clip_ratio, "algo.max_grad_norm": a.max_grad_norm,
                        "algo.adam_eps": a.adam_eps, "algo.rho_bar": a.rho_bar, "algo.c_bar": a.c_bar,
                        "run.report_interval_s": r.report_interval_s, "run.save_every_s": r.save_every_s,

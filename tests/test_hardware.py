@@ -1,14 +1,14 @@
 """model.precision=auto: bf16 only where the CPU multiplies in bf16, and the choice is what the
 run records; an explicit bf16 on a CPU that emulates it is warned about, not silently slow.
-system.learner_threads=auto and system.learner_shards=auto follow the resolved precision."""
+system.learner_threads=auto follows the resolved precision (and takes one thread per learner shard)."""
 
 from pathlib import Path
 
-from fastrl.config import check_config, load_config
+from fastrl.config import load_config
 import pytest
 
-from fastrl.config.hardware import (cpu_flags, precision_warning, resolve_auto, resolve_learner_shards,
-                                    resolve_learner_threads, resolve_precision)
+from fastrl.config.hardware import (cpu_flags, precision_warning, resolve_auto, resolve_learner_threads,
+                                    resolve_precision)
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma"}
@@ -31,10 +31,7 @@ def test_the_atari_presets_resolve_per_machine_and_keep_everything_else():
         assert cfg.system.learner_threads == "auto"
         on_avx2, on_zen4 = resolve_auto(cfg, AVX2, cores=2), resolve_auto(cfg, ZEN4, cores=2)
         assert on_avx2.model.precision == "fp32" and on_zen4.model.precision == "bf16"
-        # fp32: the learner's two cores as two shards of one torch thread; bf16: one thread, one shard
-        assert on_avx2.system.learner_threads == 1 and on_avx2.system.learner_shards == 2
-        assert on_zen4.system.learner_threads == 1 and on_zen4.system.learner_shards == 1
-        assert check_config(on_avx2) == [] and check_config(on_zen4) == []
+        assert on_avx2.system.learner_threads == 2 and on_zen4.system.learner_threads == 1
         assert on_avx2.system.rollout_nice == cfg.system.rollout_nice
         assert on_avx2.algo == cfg.algo and on_avx2.model.encoder == cfg.model.encoder
 
@@ -72,12 +69,3 @@ def test_learner_threads_accepts_auto_or_a_positive_int():
     with pytest.raises(ConfigError, match="learner_threads"):
         load_config(None, ["system.learner_threads=many"])
     assert resolve_learner_threads("auto", "fp32", "cpu", cores=2, shards=2) == 1  # each shard has its one
-
-
-def test_auto_learner_shards():
-    assert resolve_learner_shards("auto", "fp32", "cpu", "samples", cores=2) == 2
-    assert resolve_learner_shards("auto", "fp32", "cpu", "samples", cores=1) == 1
-    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", cores=2) == 1
-    assert resolve_learner_shards("auto", "fp32", "cuda", "samples", cores=2) == 1
-    assert resolve_learner_shards("auto", "fp32", "cpu", "trajectories", cores=2) == 1  # shards need samples
-    assert resolve_learner_shards(3, "bf16", "cpu", "samples", cores=2) == 3

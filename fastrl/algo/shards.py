@@ -6,7 +6,8 @@ barrier after each of the ~40 ops of a CNN's forward and backward; on 2 cores sh
 inference workers, a preempted thread stalls its partner at every one of them (Pong preset on the
 AVX-512 EPYC: 2 threads trained 0.88x as fast as 1). Pieces meet once per minibatch. torch releases
 the GIL inside its kernels and its autograd engine, so the threads run in parallel; each runs its
-ops inline, on one torch thread (the learner's `torch.set_num_threads(1)`).
+ops inline, on one torch thread (the learner's `torch.set_num_threads(1)`). Measured so far (Pong,
+AVX2 EPYC, fp32): a tie with two OpenMP threads in the run, 0.87x alone; bench/README has the rounds.
 
 The math is the unsharded minibatch's: `appo_loss`'s means are over the minibatch's valid samples,
 so each piece's loss is weighted by its share of them, and advantages are normalised once over the

@@ -70,26 +70,13 @@ def resolve_learner_threads(learner_threads: int | str, precision: str, device: 
     return max(1, min(2, cores if cores is not None else (os.cpu_count() or 1)))
 
 
-def resolve_learner_shards(learner_shards: int | str, precision: str, device: str, minibatch_unit: str,
-                           cores: int | None = None) -> int:
-    """`auto` (see SystemConfig.learner_shards): two shards where auto threads would be two OpenMP threads."""
-    if learner_shards != "auto":
-        return int(learner_shards)
-    if minibatch_unit != "samples":
-        return 1
-    return resolve_learner_threads("auto", precision, device, cores)
-
-
 def resolve_auto(cfg: Config, flags: set[str] | None = None, cores: int | None = None) -> Config:
     """The config with every hardware-dependent `auto` replaced by what this machine runs, so that
     the saved config.json records what actually ran."""
     cfg = with_precision(cfg, resolve_precision(cfg.model.precision, cfg.system.device, flags))
-    shards = resolve_learner_shards(cfg.system.learner_shards, cfg.model.precision, cfg.system.device,
-                                    cfg.algo.minibatch_unit, cores)
     threads = resolve_learner_threads(cfg.system.learner_threads, cfg.model.precision, cfg.system.device, cores,
-                                      shards)
-    return dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, learner_threads=threads,
-                                                               learner_shards=shards))
+                                      cfg.system.learner_shards)
+    return dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, learner_threads=threads))
 
 
 def precision_warning(cfg: Config, flags: set[str] | None = None) -> str | None:

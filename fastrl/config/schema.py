@@ -109,14 +109,13 @@ class SystemConfig:
         "the second core, while an fp32 one leaves them most of it idle (Pong preset, fastrl bench train "
         "stage: AVX-512 EPYC in bf16, 1 thread 1.11x faster than 2; AVX2 EPYC in fp32, 2 threads ~1.7x faster "
         "than 1). On cuda, auto is 1.")
-    learner_shards: int | Literal["auto"] = opt(
+    learner_shards: int = opt(
         1, "Threads that each run the forward and backward of a piece of every minibatch (and of the batch's no-grad "
         "forward), their gradients summed before the one optimizer step: data parallelism that meets once per "
         "minibatch, where learner_threads' OpenMP threads meet after every op. Each shard runs on one torch thread, "
         "so >1 needs learner_threads 1 (auto gives 1) and algo.minibatch_unit=samples. Same loss and gradient "
-        "as one piece, to float rounding. auto: 2 where the learner would otherwise take two OpenMP threads (fp32 "
-        "on a CPU with 2+ cores) and minibatches are single samples, else 1 (Pong preset, AVX2 EPYC, fastrl bench "
-        "train stage: 1.13x the two OpenMP threads, median of 7 alternated rounds; in bf16 not measured yet).")
+        "as one piece, to float rounding. Pong preset on an AVX2 EPYC (fp32), fastrl bench train stage: 2 shards "
+        "against 2 OpenMP threads 0.77-1.49x over 11 alternated rounds, median 0.99x; untried in bf16.")
     learner_omp_wait: Literal["inherit", "active", "passive"] = opt(
         "inherit", "How the learner's OpenMP threads wait at a barrier (OMP_WAIT_POLICY, set before it loads "
         "torch). active spins, fastest when nothing else wants the core; passive sleeps at once, so when a "

@@ -22,7 +22,7 @@ from fastrl.algo.adam import Adam
 from fastrl.algo.appo_loss import LossOutput, appo_loss, normalized_advantages
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm
-from fastrl.algo.shards import ShardPool
+from fastrl.algo.shards import ShardPool, even_cuts
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
 from fastrl.models import ActorCritic
@@ -79,28 +79,23 @@ class APPOTrainer:
         T1, B = obs.shape[:2]
         flat = obs.reshape(T1 * B, *obs.shape[2:])
         rows = max(1, NO_GRAD_CHUNK_BYTES // max(1, flat[0].numel() * flat.element_size()))
-        if chunked and self.pool.shards > 1:
-            # a number of equal chunks that the shards share evenly
-            shards = self.pool.shards
-            num_chunks = -(-flat.shape[0] // rows)
-            num_chunks = -(-num_chunks // shards) * shards
-            rows = max(1, -(-flat.shape[0] // num_chunks))
-        if not chunked or rows >= flat.shape[0]:
-            params, values = self.model(flat)
+        sharded = chunked and self.pool.shards > 1
+        if not sharded and (not chunked or rows >= flat.shape[0]):
+            params, values = self.model(flat)  # one call, nothing to concatenate (the path with autograd)
         else:
-            chunks = [flat[i:i + rows] for i in range(0, flat.shape[0], rows)]
-            if self.pool.shards > 1:
-                # each thread takes a contiguous run of chunks, so the pieces come back in order
-                runs = _contiguous_runs(chunks, self.pool.shards)
-                pieces = [p for run in self.pool.map(self._no_grad_forwards, runs) for p in run]
+            if sharded:  # each shard takes an even, contiguous share, so the pieces come back in order
+                shares = [flat[lo:hi] for lo, hi in even_cuts(flat.shape[0], self.pool.shards)]
+                pieces = [p for share in self.pool.map(lambda x: self._no_grad_forwards(x, rows), shares)
+                          for p in share]
             else:
-                pieces = [self.model(chunk) for chunk in chunks]
+                pieces = [self.model(flat[i:i + rows]) for i in range(0, flat.shape[0], rows)]
             params, values = torch.cat([p for p, _ in pieces]), torch.cat([v for _, v in pieces])
         return params.reshape(T1, B, *params.shape[1:])[:-1], values.reshape(T1, B)
 
-    def _no_grad_forwards(self, chunks: list) -> list:
+    def _no_grad_forwards(self, obs, rows: int) -> list:
+        """The network over `obs` in pieces of `rows`, on a shard's thread."""
         with torch.no_grad():  # grad mode is per thread: the caller's no_grad does not reach a shard's
-            return [self.model(chunk) for chunk in chunks]
+            return [self.model(obs[i:i + rows]) for i in range(0, obs.shape[0], rows)]
 
     def _trajectory_minibatch_loss(self, mb: dict):
         """Whole trajectories [T(+1), b]: V-trace with this minibatch's own (current) values."""
@@ -147,9 +142,7 @@ class APPOTrainer:
         if self.cfg.normalize_advantages:
             advantages = normalized_advantages(advantages, mask)
         total_valid = max(1, int(mask.sum()))
-        n = mask.shape[0]
-        bounds = [(n * k // self.pool.shards, n * (k + 1) // self.pool.shards) for k in range(self.pool.shards)]
-        bounds = [(lo, hi) for lo, hi in bounds if hi > lo]
+        bounds = even_cuts(mask.shape[0], self.pool.shards)
 
         def piece(index_and_bounds):
             index, (lo, hi) = index_and_bounds
@@ -270,7 +263,3 @@ class APPOTrainer:
         )
         return stats
 
-
-def _contiguous_runs(items: list, n: int) -> list[list]:
-    """items cut into n runs of consecutive items, as even as they go (some empty if len < n)."""
-    return [items[len(items) * k // n:len(items) * (k + 1) // n] for k in range(n)]

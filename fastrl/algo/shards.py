@@ -23,6 +23,13 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def even_cuts(n: int, parts: int) -> list[tuple[int, int]]:
+    """[lo, hi) bounds cutting range(n) into `parts` contiguous runs as even as they go; empty runs
+    (n < parts) are left out."""
+    cuts = [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
+    return [(lo, hi) for lo, hi in cuts if hi > lo]
+
+
 class ShardPool:
     """Runs a function over N items: item 0 in the calling thread, the others on N-1 threads kept
     for the trainer's life (a thread start per minibatch would cost ~100 µs)."""

@@ -32,7 +32,7 @@ def even_cuts(n: int, parts: int) -> list[tuple[int, int]]:
 
 class ShardPool:
     """Runs a function over N items: item 0 in the calling thread, the others on N-1 threads kept
-    for the trainer's life (a thread start per minibatch would cost ~100 µs)."""
+    for the trainer's life rather than started per minibatch."""
 
     def __init__(self, shards: int):
         if shards < 1:

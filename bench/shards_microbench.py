@@ -1,0 +1,67 @@
+"""One minibatch's loss and gradient on a preset's own network, three ways, alternated in one process:
+one torch thread, `--shards` learner shards of one torch thread each (system.learner_shards), and as
+many OpenMP threads (system.learner_threads).
+
+    python bench/shards_microbench.py --config configs/atari_pong.yaml [--shards 2] [--rounds 7] [--repeats 5]
+
+Prints medians of wall and CPU ms per minibatch (`APPOTrainer._loss_and_gradient`, the learner's own
+code, on the bench's synthetic batch; no optimizer step). Alone, the cores are all the learner's: in a
+run the samplers share them, which is what `bench/side_by_side.py --stage train` measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from fastrl.algo.appo import APPOTrainer
+from fastrl.bench.components import synthetic_batch
+from fastrl.config import load_config
+from fastrl.config.hardware import resolve_auto
+from fastrl.envs import resolve_env
+from fastrl.workers.learner import build_learner_model
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=5, help="minibatches timed per round and variant")
+    args = parser.parse_args()
+    cfg = resolve_auto(load_config(args.config, ["algo.minibatch_unit=samples", *args.overrides]))
+    spec = resolve_env(cfg.env)
+    torch.manual_seed(cfg.run.seed)
+    trainer = APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag)
+    batch = synthetic_batch(cfg, spec)
+    batch = dict(batch, train_mask=batch["valid"].bool())
+    mb, loss_fn = next(trainer._minibatches(batch))
+
+    variants = {"1 thread": (1, 1), f"{args.shards} shards": (1, args.shards),
+                f"{args.shards} OpenMP threads": (args.shards, 1)}
+    wall: dict[str, list] = {name: [] for name in variants}
+    cpu: dict[str, list] = {name: [] for name in variants}
+    for round_ in range(args.rounds + 1):  # round 0 warms every variant up and is not counted
+        for name, (threads, shards) in variants.items():
+            torch.set_num_threads(threads)
+            trainer.set_shards(shards)
+            w0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(args.repeats):
+                trainer._loss_and_gradient(mb, loss_fn)
+            if round_:
+                wall[name].append((time.perf_counter() - w0) / args.repeats * 1e3)
+                cpu[name].append((time.process_time() - c0) / args.repeats * 1e3)
+    trainer.set_shards(1)
+    print(f"{args.config}: minibatch of {mb['actions'].shape[0]} samples, {cfg.model.precision}, "
+          f"medians of {args.rounds} rounds of {args.repeats}")
+    for name in variants:
+        print(f"  {name:<20} wall {statistics.median(wall[name]):8.1f} ms   CPU {statistics.median(cpu[name]):8.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -40,6 +40,9 @@ def test_short_run_trains_checkpoints_and_cleans_up(tmp_path):
     for name in ("fastrl-learner", "fastrl-inference-0", "fastrl-rollout-0", "fastrl-rollout-1"):
         assert f"{name} INFO started" in log and f"{name} INFO stopped" in log
     assert "fastrl-inference-0 INFO published the starting weights (version 0," in log
+    # spawned as soon as the config passed its checks, importing torch during the runner's setup
+    assert re.search(r"fastrl-inference-0 INFO started \(.*, spawned warm: waited [0-9.]+ s for its context", log), log
+    assert "spawned warm" not in "".join(ln for ln in log.splitlines(True) if "fastrl-inference" not in ln), log
     for name in ("fastrl-rollout-0", "fastrl-rollout-1"):  # one group at start, the other after a batch's slots
         assert f"{name} INFO 1 x 16 envs reset" in log and f"{name} INFO built the other 1 group(s)" in log
     # the learner and the second rollout worker's envs wait for the first sample (they would slow it)

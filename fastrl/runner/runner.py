@@ -26,6 +26,7 @@ from fastrl.ipc.channels import REPORT_POLL_S
 from fastrl.rundir import load_checkpoint, write_json
 from fastrl.runner.stats import RunStats
 from fastrl.runner.supervisor import Supervisor
+from fastrl.runner.warm_start import WarmChildren
 from fastrl.workers.process import WorkerContext, num_processes, setup_logging
 
 if TYPE_CHECKING:
@@ -34,9 +35,13 @@ if TYPE_CHECKING:
 
 class Runner:
     def __init__(self, cfg: Config, spec: EnvSpec, run_dir: Path, resume_checkpoint: Path | None = None,
-                 echo: bool = True, on_tick: Callable[["Runner", RunStats, SharedControl], None] | None = None):
-        """`on_tick` is called from the monitoring loop (every ~0.2 s); `fastrl bench` measures through it."""
+                 echo: bool = True, on_tick: Callable[["Runner", RunStats, SharedControl], None] | None = None,
+                 warm: WarmChildren | None = None):
+        """`on_tick` is called from the monitoring loop (every ~0.2 s); `fastrl bench` measures through it.
+        `warm`: workers spawned before this runner existed (fastrl.runner.warm_start); the supervisor
+        starts them instead of spawning their first instances, and the runner releases any it did not."""
         self.cfg, self.spec, self.run_dir = cfg, spec, run_dir
+        self.warm = warm
         self.resume_checkpoint = resume_checkpoint
         self.echo = echo
         self.on_tick = on_tick
@@ -206,7 +211,7 @@ class Runner:
             self.ctx = self._setup_buffers()
             spawned_at = time.monotonic()
             if not cfg.system.serial:
-                self.supervisor = Supervisor(cfg, self.ctx, self.log, self.say)
+                self.supervisor = Supervisor(cfg, self.ctx, self.log, self.say, warm=self.warm)
             self._start_processes()
             base_env_steps, control, channels = self.ctx.base_env_steps, self.ctx.control, self.ctx.channels
             stats = RunStats(self.spec.frames_per_env_step, base_env_steps, start_time=spawned_at)
@@ -227,7 +232,7 @@ class Runner:
                 stats.on_env_steps(base_env_steps + control.total_env_steps())
                 if not had_samples and stats.first_sample_s is not None:
                     self.log.info("first trajectory slot full, %.1f s after the command started (%.1f s after "
-                                  "spawning the workers)", stats.first_sample_after_command_s, stats.first_sample_s)
+                                  "the runner's setup)", stats.first_sample_after_command_s, stats.first_sample_s)
                     self._on_first_sample()
                 if not had_trained and stats.first_train_after_command_s is not None:
                     self.log.info("first batch trained, %.1f s after the command started",
@@ -260,6 +265,8 @@ class Runner:
             self.say(format_summary(summary, self.run_dir))
             return 1 if self.failure else 0
         finally:
+            if self.warm is not None:
+                self.warm.close()
             if self.supervisor is not None:
                 self.supervisor.kill_all()
             if self.writer is not None:

@@ -29,7 +29,7 @@ class RunStats:
         self.lag_min, self.lag_max, self.lag_sum, self.lag_batches = float("inf"), 0.0, 0.0, 0
         self.lag_hist = np.zeros(0, dtype=np.int64)  # samples trained per policy lag (versions behind)
         self.dropped_for_lag = 0
-        self.first_sample_s: float | None = None  # after spawning the workers
+        self.first_sample_s: float | None = None  # after the runner's setup (shared memory allocated, workers started)
         self.first_sample_after_command_s: float | None = None  # includes the CLI's imports and setup
         self.first_train_after_command_s: float | None = None  # the learner's first batch
 

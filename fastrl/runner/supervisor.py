@@ -27,6 +27,7 @@ from typing import Callable
 
 from fastrl.buffers.control import INFERENCE_EPOCH, RECLAIM_EPOCH
 from fastrl.config.schema import Config
+from fastrl.runner.warm_start import WarmChildren
 from fastrl.workers.process import (WorkerContext, child_environment, child_env_overrides, child_main, heartbeat_index,
                                    process_name)
 
@@ -62,7 +63,8 @@ def describe_exit(code: int | None) -> str:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, ctx: WorkerContext, log: logging.Logger, say: Callable[[str], None]):
+    def __init__(self, cfg: Config, ctx: WorkerContext, log: logging.Logger, say: Callable[[str], None],
+                 warm: WarmChildren | None = None):
         # `ctx` is what children spawned from now on get: the runner replaces it once the weights'
         # data block exists, so the learner and any replacement worker get the complete handle
         self.cfg, self.ctx, self.log, self.say = cfg, ctx, log, say
@@ -71,6 +73,7 @@ class Supervisor:
         self.restarts_total: dict[str, int] = {}
         self.lost_env_steps = 0  # stepped by workers that died before handing their slots over
         self._spawn_ctx = mp.get_context("spawn")
+        self.warm = warm  # first instances already spawned and importing (fastrl.runner.warm_start)
 
     @property
     def procs(self) -> dict[str, mp.Process]:
@@ -80,10 +83,13 @@ class Supervisor:
         name = process_name(role, index)
         hb = heartbeat_index(self.cfg, role, index)
         self.control.heartbeats.array[hb] = 0.0
-        p = self._spawn_ctx.Process(target=child_main, args=(role, index, self.ctx, LOOPS[role]), name=name,
-                                    daemon=True)
-        with child_environment(child_env_overrides(self.cfg, role)):
-            p.start()
+        args = (role, index, self.ctx, LOOPS[role])
+        overrides = child_env_overrides(self.cfg, role)
+        p = None if self.warm is None or overrides else self.warm.take(role, index, args)
+        if p is None:
+            p = self._spawn_ctx.Process(target=child_main, args=args, name=name, daemon=True)
+            with child_environment(overrides):
+                p.start()
         old = self.children.get(name)
         self.children[name] = Child(role, index, p, time.time(), hb, old.restarts if old else deque())
 

@@ -190,11 +190,31 @@ def worker_needs_torch(ctx: WorkerContext, role: str) -> bool:
     return rollout_workers_act(ctx.cfg) and acting_backend(ctx.cfg, ctx.spec) == "torch"
 
 
-def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str) -> None:
+def warm_child_main(role: str, index: int, imports: tuple[str, ...], reader) -> None:
+    """Entry point of a child spawned before the runner's setup (fastrl.runner.warm_start): import
+    what the role will need, then run `child_main` with the arguments the supervisor sends, or
+    return if the runner closes the pipe first (the run never started)."""
+    name_process_and_die_with_parent(process_name(role, index))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for module in imports:
+        importlib.import_module(module)
+    imported_at = time.monotonic()
+    try:
+        args = reader.recv()
+    except (EOFError, OSError):
+        return
+    finally:
+        reader.close()
+    child_main(*args, warm_wait_s=time.monotonic() - imported_at)
+
+
+def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str, warm_wait_s: float | None = None) -> None:
     """Entry point of every child: bootstrap, run `loop(ctx, index, log)`, report any crash.
 
     `loop_path` ("module:function") is imported here, in the child: importing the learner's or
-    an inference worker's module loads torch, which the runner need not load to spawn them."""
+    an inference worker's module loads torch, which the runner need not load to spawn them.
+    `warm_wait_s`: for a child spawned warm (warm_child_main), how long it waited for its context
+    once its imports were done (~0 when the context was there first)."""
     name = process_name(role, index)
     # read first: setproctitle may reuse the memory /proc/self/environ shows for the title
     omp_wait_at_exec = environment_at_exec().get("OMP_WAIT_POLICY", "unset")
@@ -215,9 +235,11 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str) -> Non
         heap_kept = keep_freed_heap(ctx.cfg.system.heap_keep_mib)
     log = setup_logging(ctx.log_path, name, echo=False)
     try:
-        log.info("started (pid %d, torch threads %d, nice %d, torch %s, OMP_WAIT_POLICY at exec %s, freed heap %s)",
+        log.info("started (pid %d, torch threads %d, nice %d, torch %s, OMP_WAIT_POLICY at exec %s, freed heap %s%s)",
                  os.getpid(), threads, os.nice(0), "loaded" if "torch" in sys.modules else "not loaded",
-                 omp_wait_at_exec, f"kept up to {ctx.cfg.system.heap_keep_mib} MiB" if heap_kept else "glibc default")
+                 omp_wait_at_exec, f"kept up to {ctx.cfg.system.heap_keep_mib} MiB" if heap_kept else "glibc default",
+                 "" if warm_wait_s is None else
+                 f", spawned warm: waited {warm_wait_s:.2f} s for its context after its imports")
         loop(ctx, index, log)
         log.info("stopped")
     except BaseException as e:  # noqa: BLE001 - report everything, including KeyboardInterrupt

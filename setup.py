@@ -7,6 +7,8 @@ from setuptools import Extension, setup
 LEARNER_HEADERS = ["fastrl_ext/src/buffer_view.h"]
 RECORD_CORE = "fastrl_ext/src/record_core.h"  # the recording arithmetic, shared by _record and _rollout
 ACTING_API = "fastrl_ext/src/acting_api.h"    # what _acting's capsule hands _rollout
+TANH_ROW = "fastrl_ext/src/tanh_row.h"        # the vectorisable tanh of _acting and _activations
+ISA = "fastrl_ext/src/isa.h"                  # their instruction-set variant, picked at import
 
 
 def native_module(name: str, depends: list = (), optimize: str = "-O2", flags: list = ()) -> Extension:
@@ -23,7 +25,10 @@ setup(
         # no fused multiply-adds: the reward scaler's float64 arithmetic matches numpy's bit for bit
         native_module("record", [*LEARNER_HEADERS, RECORD_CORE], flags=["-ffp-contract=off"]),
         # -O3: GCC 12 vectorises the MLP's row loops (trip counts known only at run time) only there
-        native_module("acting", [*LEARNER_HEADERS, ACTING_API], optimize="-O3", flags=["-fno-trapping-math"]),
+        native_module("acting", [*LEARNER_HEADERS, ACTING_API, TANH_ROW, ISA], optimize="-O3",
+                      flags=["-fno-trapping-math"]),
+        # the learner's tanh: the same loop and flags as _acting's
+        native_module("activations", [*LEARNER_HEADERS, TANH_ROW, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
         # the rollout worker's steps between slot boundaries: record_core.h's arithmetic under the same
         # flag as _record (same bits), and _acting's kernel through its capsule (its own flags)
         native_module("rollout", [*LEARNER_HEADERS, RECORD_CORE, ACTING_API], flags=["-ffp-contract=off"]),

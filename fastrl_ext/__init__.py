@@ -20,6 +20,10 @@ tests/test_reward_scaling.py check they write the same bytes). `system.native_re
 that act themselves; `fastrl.models.numpy_policy.NumpyPolicy` is the reference (tests/test_numpy_policy.py
 holds them together). `system.native_acting` picks.
 
+`_activations`: tanh and its gradient for the learner's MLPs, vectorised for AVX-512 and AVX2 (torch's
+CPU tanh is scalar, numpy's vectorised only on AVX-512); `torch.tanh` is the reference
+(tests/test_activations.py). Used by `fastrl.models.activations` for large float32 CPU tensors.
+
 `_rollout`: a rollout worker's env steps between two slot boundaries in one call, from `_record`'s
 arithmetic and `_acting`'s kernel (through its capsule); `fastrl.workers.rollout.RolloutWorker.pump` is
 the reference (tests/test_native_steps.py and tests/test_serial.py hold them to the same bytes).
@@ -27,12 +31,12 @@ the reference (tests/test_native_steps.py and tests/test_serial.py hold them to 
 """
 
 try:
-    from fastrl_ext import _acting, _appo_loss, _record, _rings, _vtrace
+    from fastrl_ext import _acting, _activations, _appo_loss, _record, _rings, _vtrace
     from fastrl_ext import _rollout  # after _acting, whose capsule it imports
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _acting = _appo_loss = _record = _rings = _rollout = _vtrace = None
+    _acting = _activations = _appo_loss = _record = _rings = _rollout = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_acting", "_appo_loss", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]
+__all__ = ["_acting", "_activations", "_appo_loss", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]

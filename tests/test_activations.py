@@ -1,11 +1,16 @@
 """fastrl.models.activations.tanh against torch.tanh: values and gradients, on both sides of
-the sizes where it switches to numpy, and the cases it must leave to torch."""
+the sizes where it switches to fastrl_ext (float32) or numpy (float64), every compiled variant of
+fastrl_ext's kernel, and the cases it must leave to torch."""
 
 import numpy as np
 import pytest
 import torch
 
-from fastrl.models.activations import MIN_NUMEL_GRAD, MIN_NUMEL_NO_GRAD, Tanh, _NumpyTanh, tanh
+import fastrl.models.activations as activations
+from fastrl.models.activations import MIN_NUMEL_GRAD, MIN_NUMEL_NO_GRAD, Tanh, _Tanh, tanh
+from helpers import run_tests_under_isa
+
+needs_native = pytest.mark.skipif(activations._native is None, reason="fastrl_ext not built")
 
 SIZES = [(1, 7), (16, 64), (MIN_NUMEL_NO_GRAD // 64, 64), (MIN_NUMEL_GRAD // 64, 64), (528, 64), (33, 16, 64)]
 
@@ -34,19 +39,82 @@ def test_gradients_match_torch(shape):
 def test_numpy_function_passes_gradcheck():
     # the Function itself, at a size the numerical Jacobian can afford (tanh() calls it only above MIN_NUMEL_GRAD)
     x = torch.randn(3, 17, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * 2
-    assert torch.autograd.gradcheck(_NumpyTanh.apply, (x.requires_grad_(),))
+    assert torch.autograd.gradcheck(_Tanh.apply, (x.requires_grad_(), False))
 
 
-def test_large_inputs_take_the_numpy_path(monkeypatch):
-    calls = []
+class _Recording:
+    """Stands in for fastrl_ext._activations and notes which kernel ran on what."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def tanh(self, x, out):
+        self.calls.append(("tanh", x.shape))
+        return self.real.tanh(x, out)
+
+    def tanh_backward(self, grad, y, out):
+        self.calls.append(("tanh_backward", grad.shape))
+        return self.real.tanh_backward(grad, y, out)
+
+
+def test_large_inputs_take_the_native_path_in_float32_and_numpy_in_float64(monkeypatch):
+    numpy_calls = []
     real = np.tanh
-    monkeypatch.setattr(np, "tanh", lambda a: calls.append(a.shape) or real(a))
+    monkeypatch.setattr(np, "tanh", lambda a: numpy_calls.append((a.dtype, a.shape)) or real(a))
+    if activations._native is not None:
+        native = _Recording(activations._native)
+        monkeypatch.setattr(activations, "_native", native)
+        tanh(torch.randn(MIN_NUMEL_NO_GRAD))
+        x = torch.randn(MIN_NUMEL_GRAD, requires_grad=True)
+        tanh(x).sum().backward()
+        tanh(torch.randn(MIN_NUMEL_NO_GRAD - 1))          # small: torch
+        tanh(torch.randn(MIN_NUMEL_GRAD - 1, requires_grad=True))
+        tanh(torch.randn(MIN_NUMEL_GRAD).to(torch.bfloat16))  # not a float32/float64 CPU tensor: torch
+        assert native.calls == [("tanh", (MIN_NUMEL_NO_GRAD,)), ("tanh", (MIN_NUMEL_GRAD,)),
+                                ("tanh_backward", (MIN_NUMEL_GRAD,))]
+        assert numpy_calls == []
+    tanh(torch.randn(MIN_NUMEL_NO_GRAD, dtype=torch.float64))
+    tanh(torch.randn(MIN_NUMEL_GRAD, dtype=torch.float64, requires_grad=True))
+    monkeypatch.setattr(activations, "_native", None)  # fastrl_ext not built: float32 goes to numpy
     tanh(torch.randn(MIN_NUMEL_NO_GRAD))
-    tanh(torch.randn(MIN_NUMEL_GRAD, requires_grad=True))
-    tanh(torch.randn(MIN_NUMEL_NO_GRAD - 1))          # small: torch
-    tanh(torch.randn(MIN_NUMEL_GRAD - 1, requires_grad=True))
-    tanh(torch.randn(MIN_NUMEL_GRAD).to(torch.bfloat16))  # not a float32/float64 CPU tensor: torch
-    assert calls == [(MIN_NUMEL_NO_GRAD,), (MIN_NUMEL_GRAD,)]
+    assert numpy_calls == [(np.float64, (MIN_NUMEL_NO_GRAD,)), (np.float64, (MIN_NUMEL_GRAD,)),
+                           (np.float32, (MIN_NUMEL_NO_GRAD,))]
+
+
+@needs_native
+def test_native_function_matches_torch_on_strided_and_in_place_inputs():
+    base = torch.randn(40, 130, generator=torch.Generator().manual_seed(3)) * 5
+    x = base[:, ::2].requires_grad_()  # not contiguous
+    upstream = torch.randn(40, 65).t().contiguous().t()  # nor is the gradient coming back
+    (_Tanh.apply(x, True) * upstream).sum().backward()
+    ours = x.grad.clone()
+    x.grad = None
+    (torch.tanh(x) * upstream).sum().backward()
+    torch.testing.assert_close(ours, x.grad, atol=1e-6, rtol=1e-5)
+    buf = base.contiguous().numpy().copy()
+    activations._native.tanh(buf, buf)  # out may be the input
+    torch.testing.assert_close(torch.from_numpy(buf), torch.tanh(base), atol=1e-6, rtol=0)
+
+
+@needs_native
+def test_native_kernels_reject_what_they_cannot_read():
+    native = activations._native
+    with pytest.raises(TypeError, match="x must be float32"):
+        native.tanh(np.zeros(4), np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="out has 3 items, x has 4"):
+        native.tanh(np.zeros(4, np.float32), np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="C-contiguous"):
+        native.tanh_backward(np.zeros((4, 4), np.float32)[:, ::2], np.zeros(8, np.float32), np.zeros(8, np.float32))
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        native.tanh_backward(np.zeros(4, np.float32), np.zeros(4, np.float32))
+
+
+@needs_native
+@pytest.mark.parametrize("isa", ["avx2", "default"])
+def test_every_compiled_variant_matches_torch(isa):
+    """The kernels are compiled for AVX-512, AVX2+FMA and plain x86-64 and picked by the CPU at import;
+    FASTRL_ACTING_ISA caps the pick, so the variants this machine would not choose are tested too."""
+    run_tests_under_isa(__file__, "_activations", isa, "match_torch and not every_compiled")
 
 
 def test_under_inference_mode_and_bf16_autocast():

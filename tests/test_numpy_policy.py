@@ -15,7 +15,7 @@ from fastrl.config import load_config
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
 from fastrl.models.numpy_policy import NumpyPolicy, acting_backend, unsupported_reason
-from helpers import ROOT
+from helpers import ROOT, run_tests_under_isa
 
 DISCRETE = EnvSpec("Discrete-v0", "envpool", (4,), np.dtype(np.float32), True, 3)
 CONTINUOUS = EnvSpec("Continuous-v0", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
@@ -265,16 +265,7 @@ def test_native_acting_off_or_unbuilt_uses_the_numpy_reference():
 def test_every_compiled_variant_matches_the_reference(isa):
     """The kernel is compiled for AVX-512, AVX2+FMA and plain x86-64 and picked by the CPU at import;
     FASTRL_ACTING_ISA caps the pick, so the variants this machine would not choose are tested too."""
-    import os
-
-    env = dict(os.environ, FASTRL_ACTING_ISA=isa)
-    chosen = subprocess.run([sys.executable, "-c", "import fastrl_ext; print(fastrl_ext._acting.ISA)"],
-                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
-    assert chosen.stdout.strip() in (isa, "default"), chosen.stdout + chosen.stderr  # default: CPU without it
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                          "native_act_matches or native_tanh"], capture_output=True, text=True, cwd=ROOT,
-                         env=env, timeout=300)
-    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    run_tests_under_isa(__file__, "_acting", isa, "native_act_matches or native_tanh")
 
 
 @needs_native

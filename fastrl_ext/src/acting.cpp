@@ -25,6 +25,8 @@
 //    mean_offset, inv_std_offset, std_offset, log_prob_const_offset]     (offsets: -1 where unused)
 #include "acting_api.h"
 #include "buffer_view.h"
+#include "isa.h"
+#include "tanh_row.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +38,7 @@
 namespace {
 
 using View = fastrl_ext::BufferView;
+using fastrl_ext::tanh_row;
 
 constexpr int HEADER = 7;
 constexpr int PER_LAYER = 5;
@@ -151,37 +154,6 @@ bool read_plan(const View& plan, const View& params, Net& net) {
     return true;
 }
 
-// tanh, branch-free so that the loop over a row vectorises: a Taylor series near 0 (where the
-// exp form cancels), (1 - e) / (1 + e) with e = exp(-2|x|) elsewhere, the sign put back. exp is
-// 2^k p(r) with k = round(y / ln 2), r = y - k ln 2 (split in two constants) and p the degree-7
-// Taylor polynomial (|r| <= ln2 / 2: relative error < 1e-8). Absolute error < 2e-7 against np.tanh.
-__attribute__((always_inline)) inline void tanh_row(float* v, int64_t n) {
-    for (int64_t j = 0; j < n; ++j) {
-        const float x = v[j];
-        const float a = std::min(std::fabs(x), 9.0f);
-        const float y = -2.0f * a;
-        const float t = y * 1.44269504088896341f;
-        const float kf = (t + 12582912.0f) - 12582912.0f;  // round to nearest: 1.5 * 2^23
-        const float r = (y - kf * 0.693359375f) - kf * -2.12194440e-4f;
-        float p = 1.0f / 5040.0f;
-        p = p * r + 1.0f / 720.0f;
-        p = p * r + 1.0f / 120.0f;
-        p = p * r + 1.0f / 24.0f;
-        p = p * r + 1.0f / 6.0f;
-        p = p * r + 0.5f;
-        p = p * r + 1.0f;
-        p = p * r + 1.0f;
-        const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
-        float scale;
-        std::memcpy(&scale, &bits, sizeof scale);
-        const float e = p * scale;
-        const float big = (1.0f - e) / (1.0f + e);
-        const float a2 = a * a;
-        const float small = a * (1.0f + a2 * (-1.0f / 3.0f + a2 * (2.0f / 15.0f + a2 * (-17.0f / 315.0f))));
-        v[j] = std::copysign(a < 0.2f ? small : big, x);
-    }
-}
-
 // Accumulators of one chunk of a row's outputs stay in registers across the whole input loop; the
 // straightforward loop (y[j] += x[k] W[k, j] over memory) is bound by store-to-load forwarding.
 constexpr int64_t CHUNK = 64;
@@ -234,7 +206,7 @@ __attribute__((always_inline)) inline void dense_row(const Layer& l, const float
     }
     const int64_t out = l.out;
     if (act == 1) {
-        tanh_row(y, out);
+        tanh_row(y, y, out);
     } else if (act == 2) {
         for (int64_t j = 0; j < out; ++j) y[j] = std::max(y[j], 0.0f);
     }
@@ -313,44 +285,20 @@ void act_default(const Net& net, const float* obs, const float* random, int64_t 
     act_rows(net, obs, random, B, actions_i, actions_f, log_probs, values, work);
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// The same code for AVX2+FMA and for AVX-512, chosen at run time, so that a build stays portable
-// (the default is plain x86-64, SSE2) while the row loops use the widest vectors the CPU has.
-__attribute__((target("avx2,fma"))) void act_avx2(const Net& net, const float* obs, const float* random, int64_t B,
-                                                  int64_t* actions_i, float* actions_f, float* log_probs,
-                                                  float* values, float* work) {
+#if FASTRL_X86_VARIANTS
+FASTRL_TARGET_AVX2 void act_avx2(const Net& net, const float* obs, const float* random, int64_t B, int64_t* actions_i,
+                                 float* actions_f, float* log_probs, float* values, float* work) {
     act_rows(net, obs, random, B, actions_i, actions_f, log_probs, values, work);
 }
 
-__attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma"))) void act_avx512(
-    const Net& net, const float* obs, const float* random, int64_t B, int64_t* actions_i, float* actions_f,
-    float* log_probs, float* values, float* work) {
+FASTRL_TARGET_AVX512 void act_avx512(const Net& net, const float* obs, const float* random, int64_t B,
+                                     int64_t* actions_i, float* actions_f, float* log_probs, float* values,
+                                     float* work) {
     act_rows(net, obs, random, B, actions_i, actions_f, log_probs, values, work);
 }
-
-// FASTRL_ACTING_ISA=avx2|default caps the choice (the tests run every variant on one machine)
-const char* pick_act(ActFn* fn) {
-    __builtin_cpu_init();
-    const char* cap = std::getenv("FASTRL_ACTING_ISA");
-    const bool allow_512 = cap == nullptr || *cap == 0 || std::strcmp(cap, "avx512") == 0;
-    const bool allow_256 = allow_512 || std::strcmp(cap, "avx2") == 0;
-    if (allow_512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq")) {
-        *fn = act_avx512;
-        return "avx512";
-    }
-    if (allow_256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        *fn = act_avx2;
-        return "avx2";
-    }
-    *fn = act_default;
-    return "default";
-}
+const ActFn act_variants[] = {act_default, act_avx2, act_avx512};  // by fastrl_ext::isa_level()
 #else
-const char* pick_act(ActFn* fn) {
-    *fn = act_default;
-    return "default";
-}
+const ActFn act_variants[] = {act_default, act_default, act_default};
 #endif
 
 ActFn act_batch = act_default;
@@ -463,7 +411,9 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_acting", "A small MLP policy's ac
 PyMODINIT_FUNC PyInit__acting() {
     PyObject* m = PyModule_Create(&module);
     // which compiled variant runs the batch: "avx512", "avx2" or "default"
-    if (m != nullptr && PyModule_AddStringConstant(m, "ISA", pick_act(&act_batch)) != 0) {
+    const int level = fastrl_ext::isa_level();
+    act_batch = act_variants[level];
+    if (m != nullptr && PyModule_AddStringConstant(m, "ISA", fastrl_ext::isa_name(level)) != 0) {
         Py_DECREF(m);
         return nullptr;
     }

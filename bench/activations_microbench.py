@@ -1,0 +1,111 @@
+"""The learner's tanh three ways (torch, numpy, fastrl_ext._activations), alone and inside a learner step.
+
+    python bench/activations_microbench.py [--rounds 5] [--seconds 1]
+    python bench/activations_microbench.py --learner configs/cartpole.yaml [--rounds 8] [--seconds 3]
+
+Without --learner: microseconds per call of tanh and of its gradient on float32 [rows, 64] tensors
+(the rows of the presets' learner minibatches), 1 thread, each implementation timed in turn.
+With --learner: the preset's network and optimizer trained on `fastrl bench`'s synthetic batch
+(as bench/profile_learner.py), `fastrl.models.activations` routed to numpy or to fastrl_ext in
+alternate rounds; CPU milliseconds per batch (this thread's, so other processes' load counts less
+than in wall time) and the ratio numpy/native of each pair of rounds (> 1: native is cheaper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import fastrl.models.activations as activations
+from fastrl.bench.measure import alternated_us_per_call
+from fastrl_ext import _activations
+
+ROWS = {"HalfCheetah minibatch": 256, "CartPole minibatch": 512, "528 rows": 528}
+
+
+def microbench(rounds: int, seconds: float) -> None:
+    print(f"fastrl_ext._activations.ISA = {_activations.ISA}")
+    print(f"{'tanh of [rows, 64]':<26}{'torch us':>10}{'numpy us':>10}{'native us':>11}"
+          f"{'grad: torch':>13}{'native':>8}")
+    for label, rows in ROWS.items():
+        gen = torch.Generator().manual_seed(0)
+        x, grad = torch.randn(rows, 64, generator=gen), torch.randn(rows, 64, generator=gen)
+        y, out = torch.tanh(x), torch.empty(rows, 64)
+        xn, yn, gn, outn = x.numpy(), y.numpy(), grad.numpy(), out.numpy()
+        forward = alternated_us_per_call({
+            "torch": lambda: torch.tanh(x, out=out),
+            "numpy": lambda: np.tanh(xn, out=outn),
+            "native": lambda: _activations.tanh(xn, outn),
+        }, rounds, seconds)
+        backward = alternated_us_per_call({
+            "torch": lambda: torch.ops.aten.tanh_backward(grad, y),
+            "native": lambda: _activations.tanh_backward(gn, yn, outn),
+        }, rounds, seconds)
+        print(f"{label + f' ({rows})':<26}{forward['torch']:>10.1f}{forward['numpy']:>10.1f}"
+              f"{forward['native']:>11.1f}{backward['torch']:>13.1f}{backward['native']:>8.1f}")
+
+
+def learner_ab(config: str, rounds: int, seconds: float) -> None:
+    # imported here: the microbenchmark alone needs none of the learner's machinery
+    import fastrl.algo.appo as appo
+    from fastrl.bench.components import synthetic_batch
+    from fastrl.config.hardware import resolve_auto
+    from fastrl.config.loader import load_config
+    from fastrl.envs.spec import resolve_env
+    from fastrl.workers.learner import build_learner_model
+    from fastrl.workers.process import keep_freed_heap
+
+    cfg = resolve_auto(load_config(config, []))
+    spec = resolve_env(cfg.env)
+    torch.set_num_threads(1)
+    keep_freed_heap(cfg.system.heap_keep_mib)
+    torch.manual_seed(cfg.run.seed)
+    trainer = appo.APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag,
+                               shards=cfg.system.learner_shards)
+    batch = synthetic_batch(cfg, spec)
+    routes = {"numpy": None, "native": _activations}
+
+    def cpu_ms_per_batch(route: str, budget_s: float) -> float:
+        activations._native = routes[route]
+        batches, cpu0, started = 0, time.thread_time(), time.perf_counter()
+        while time.perf_counter() - started < budget_s:
+            batch["policy_version"].fill_(trainer.policy_version)
+            trainer.train(batch)
+            batches += 1
+        return (time.thread_time() - cpu0) / batches * 1e3
+
+    try:
+        for route in routes:  # warm-up: allocator, first-call paths
+            cpu_ms_per_batch(route, 1.0)
+        spent: dict[str, list] = {route: [] for route in routes}
+        for r in range(rounds):
+            for route in (("numpy", "native") if r % 2 == 0 else ("native", "numpy")):
+                spent[route].append(cpu_ms_per_batch(route, seconds))
+    finally:
+        activations._native = _activations
+    ratios = [a / b for a, b in zip(spent["numpy"], spent["native"])]
+    print(f"{config}: learner CPU ms per batch, 1 thread, ISA {_activations.ISA}: "
+          f"numpy {statistics.median(spent['numpy']):.2f}, native {statistics.median(spent['native']):.2f}")
+    print(f"numpy/native per pair of rounds: {' '.join(f'{x:.2f}' for x in ratios)}; "
+          f"median {statistics.median(ratios):.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--learner", metavar="CONFIG", help="A/B the learner step of this preset instead")
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--seconds", type=float)
+    args = parser.parse_args()
+    if args.learner:
+        learner_ab(args.learner, args.rounds or 8, args.seconds or 3.0)
+    else:
+        torch.set_num_threads(1)
+        microbench(args.rounds or 5, args.seconds or 1.0)
+
+
+if __name__ == "__main__":
+    main()

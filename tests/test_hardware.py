@@ -1,14 +1,18 @@
 """model.precision=auto: bf16 only where the CPU multiplies in bf16, and the choice is what the
 run records; an explicit bf16 on a CPU that emulates it is warned about, not silently slow.
-system.learner_threads=auto follows the resolved precision (and takes one thread per learner shard)."""
+system.learner_shards=auto and system.learner_threads=auto follow the resolved precision (two shards
+of one thread each in bf16, two OpenMP threads in fp32)."""
 
 from pathlib import Path
 
-from fastrl.config import load_config
 import pytest
 
-from fastrl.config.hardware import (cpu_flags, precision_warning, resolve_auto, resolve_learner_threads,
-                                    resolve_precision)
+from fastrl.config import load_config
+from fastrl.config.checks import check_config
+from fastrl.config.loader import ConfigError
+
+from fastrl.config.hardware import (cpu_flags, precision_warning, resolve_auto, resolve_learner_shards,
+                                    resolve_learner_threads, resolve_precision)
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma"}
@@ -34,6 +38,11 @@ def test_the_atari_presets_resolve_per_machine_and_keep_everything_else():
         assert on_avx2.system.learner_threads == 2 and on_zen4.system.learner_threads == 1
         assert on_avx2.system.rollout_nice == cfg.system.rollout_nice
         assert on_avx2.algo == cfg.algo and on_avx2.model.encoder == cfg.model.encoder
+    pong = load_config(str(ROOT / "configs" / "atari_pong.yaml"))
+    assert pong.system.learner_shards == "auto"  # two shards of one thread in bf16, one in fp32
+    assert resolve_auto(pong, ZEN4, cores=2).system.learner_shards == 2
+    assert resolve_auto(pong, AVX2, cores=2).system.learner_shards == 1
+    assert check_config(resolve_auto(pong, ZEN4, cores=2)) == []
 
 
 def test_explicit_bf16_without_native_support_is_warned_about():
@@ -59,10 +68,24 @@ def test_auto_learner_threads():
     assert resolve_learner_threads(3, "bf16", "cpu", cores=2) == 3  # an explicit choice stays
 
 
-def test_learner_threads_accepts_auto_or_a_positive_int():
-    from fastrl.config.checks import check_config
-    from fastrl.config.loader import ConfigError
+def test_auto_learner_shards():
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", "auto", cores=2) == 2
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", 1, cores=2) == 2
+    assert resolve_learner_shards("auto", "fp32", "cpu", "samples", "auto", cores=2) == 1  # OpenMP's pair instead
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", "auto", cores=1) == 1
+    assert resolve_learner_shards("auto", "bf16", "cuda", "samples", "auto", cores=2) == 1
+    assert resolve_learner_shards("auto", "bf16", "cpu", "trajectories", "auto", cores=2) == 1  # cannot cut those
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", 2, cores=2) == 1  # the user asked for OpenMP
+    assert resolve_learner_shards(3, "fp32", "cpu", "trajectories", 2, cores=2) == 3  # an explicit choice stays
+    # whatever auto resolves to passes the checks that an explicit value must
+    for overrides in ([], ["algo.minibatch_unit=trajectories"], ["system.learner_threads=2"]):
+        cfg = load_config(None, ["model.precision=bf16", "system.learner_shards=auto", *overrides])
+        assert check_config(cfg) == [] and check_config(resolve_auto(cfg, ZEN4, cores=2)) == []
+    with pytest.raises(ConfigError, match="learner_shards"):
+        load_config(None, ["system.learner_shards=many"])
 
+
+def test_learner_threads_accepts_auto_or_a_positive_int():
     assert load_config(None, ["system.learner_threads=auto"]).system.learner_threads == "auto"
     assert check_config(load_config(None, ["system.learner_threads=auto"])) == []
     assert any("learner_threads must be >= 1" in p for p in check_config(load_config(None, ["system.learner_threads=0"])))

@@ -51,15 +51,16 @@ def check_config(cfg: Config) -> list[str]:
         "sampler.num_splits": s.num_splits, "sampler.env_threads": s.env_threads,
         "sampler.rollout_len": s.rollout_len,
         "algo.batch_size": a.batch_size, "algo.num_epochs": a.num_epochs, "algo.num_minibatches": a.num_minibatches,
-        "system.inference_threads": sysc.inference_threads, "system.learner_shards": sysc.learner_shards,
+        "system.inference_threads": sysc.inference_threads,
         "run.train_for_env_steps": r.train_for_env_steps, "run.keep_checkpoints": r.keep_checkpoints,
     }
-    if sysc.learner_threads != "auto":
-        positive["system.learner_threads"] = sysc.learner_threads
+    for key in ("learner_threads", "learner_shards"):
+        if getattr(sysc, key) != "auto":
+            positive[f"system.{key}"] = getattr(sysc, key)
     for key, value in positive.items():
         if value < 1:
             problems.append(f"{key} must be >= 1, got {value}")
-    if sysc.learner_shards > 1:
+    if sysc.learner_shards != "auto" and sysc.learner_shards > 1:  # auto picks 1 where these would fail
         if a.minibatch_unit != "samples":
             problems.append(f"system.learner_shards={sysc.learner_shards} cuts minibatches of single samples: it needs "
                             f"algo.minibatch_unit=samples, got {a.minibatch_unit}")

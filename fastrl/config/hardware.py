@@ -4,8 +4,9 @@ bf16 only pays where the hardware multiplies in bf16: on an EPYC with AVX-512 BF
 trains ~1.6x faster than in fp32, but on an AVX2-only EPYC torch emulates it and the same training
 step is ~12x slower (980 vs 11,472 us per sample, 1 thread, batch 64;
 bench/precision_microbench.py). A preset that hard-wired bf16 crawls on such a machine, hence
-`model.precision: auto`; and how many threads the learner should take follows from it
-(`system.learner_threads: auto`).
+`model.precision: auto`; and how the learner should use the second core follows from it
+(`system.learner_shards: auto`, `system.learner_threads: auto`): in fp32 two OpenMP threads, in bf16
+two shards of one thread each (fastrl/algo/shards.py).
 
 Reads /proc/cpuinfo rather than asking torch, so that resolving a config does not import torch
 (the rollout workers are spawned before the runner loads it).
@@ -60,6 +61,17 @@ def with_precision(cfg: Config, precision: str) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=precision))
 
 
+def resolve_learner_shards(learner_shards: int | str, precision: str, device: str, minibatch_unit: str,
+                           learner_threads: int | str, cores: int | None = None) -> int:
+    """`auto` (see SystemConfig.learner_shards): 2 for a bf16 network on a CPU with 2+ cores whose
+    minibatches are single samples, unless learner_threads asks for OpenMP threads; else 1."""
+    if learner_shards != "auto":
+        return int(learner_shards)
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    shardable = minibatch_unit == "samples" and learner_threads in ("auto", 1)
+    return 2 if device == "cpu" and precision == "bf16" and cores >= 2 and shardable else 1
+
+
 def resolve_learner_threads(learner_threads: int | str, precision: str, device: str,
                             cores: int | None = None, shards: int = 1) -> int:
     """`auto` (see SystemConfig.learner_threads) for a network that runs in `precision` (resolved)."""
@@ -74,9 +86,11 @@ def resolve_auto(cfg: Config, flags: set[str] | None = None, cores: int | None =
     """The config with every hardware-dependent `auto` replaced by what this machine runs, so that
     the saved config.json records what actually ran."""
     cfg = with_precision(cfg, resolve_precision(cfg.model.precision, cfg.system.device, flags))
-    threads = resolve_learner_threads(cfg.system.learner_threads, cfg.model.precision, cfg.system.device, cores,
-                                      cfg.system.learner_shards)
-    return dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, learner_threads=threads))
+    sysc = cfg.system
+    shards = resolve_learner_shards(sysc.learner_shards, cfg.model.precision, sysc.device, cfg.algo.minibatch_unit,
+                                    sysc.learner_threads, cores)
+    threads = resolve_learner_threads(sysc.learner_threads, cfg.model.precision, sysc.device, cores, shards)
+    return dataclasses.replace(cfg, system=dataclasses.replace(sysc, learner_threads=threads, learner_shards=shards))
 
 
 def precision_warning(cfg: Config, flags: set[str] | None = None) -> str | None:

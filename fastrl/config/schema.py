@@ -104,18 +104,21 @@ class SystemConfig:
     device: Literal["cpu", "cuda"] = opt("cpu", "Device of the learner and the inference workers.")
     learner_threads: int | Literal["auto"] = opt(
         1, "torch intra-op threads in the learner. auto: 1 where the network runs in bf16 on the CPU or "
-        "learner_shards > 1, else 2 "
+        "learner_shards (resolved) > 1, else 2 "
         "(at most the core count): on 2 cores a bf16 CNN learner trains fast enough that the samplers need "
         "the second core, while an fp32 one leaves them most of it idle (Pong preset, fastrl bench train "
         "stage: AVX-512 EPYC in bf16, 1 thread 1.11x faster than 2; AVX2 EPYC in fp32, 2 threads ~1.7x faster "
         "than 1). On cuda, auto is 1.")
-    learner_shards: int = opt(
+    learner_shards: int | Literal["auto"] = opt(
         1, "Threads that each run the forward and backward of a piece of every minibatch (and of the batch's no-grad "
         "forward), their gradients summed before the one optimizer step: data parallelism that meets once per "
         "minibatch, where learner_threads' OpenMP threads meet after every op. Each shard runs on one torch thread, "
         "so >1 needs learner_threads 1 (auto gives 1) and algo.minibatch_unit=samples. Same loss and gradient "
-        "as one piece, to float rounding. Pong preset on an AVX2 EPYC (fp32), fastrl bench train stage: 2 shards "
-        "against 2 OpenMP threads 0.77-1.49x over 11 alternated rounds, median 0.99x; untried in bf16.")
+        "as one piece, to float rounding. auto: 2 where the network runs in bf16 on a CPU with 2+ cores, "
+        "minibatches are single samples and learner_threads is auto or 1; else 1. Pong preset, fastrl bench "
+        "train stage, alternated rounds: AVX-512 EPYC in bf16, 2 shards against 1 thread 0.90-1.09x over 10 "
+        "rounds, median ~1.05x, policy lag p50 ~100 -> 32 versions; AVX2 EPYC in fp32, against 2 OpenMP "
+        "threads 0.77-1.49x over 11 rounds, median 0.99x.")
     learner_omp_wait: Literal["inherit", "active", "passive"] = opt(
         "inherit", "How the learner's OpenMP threads wait at a barrier (OMP_WAIT_POLICY, set before it loads "
         "torch). active spins, fastest when nothing else wants the core; passive sleeps at once, so when a "

@@ -90,7 +90,9 @@ def format_table(result: dict) -> str:
         st = stages[name]
         what, unit = rows[name]
         if name == "infer":
-            what = f"samples/s at batch {st['batch']}" + (f", {st['backend']}" if "backend" in st else "")
+            # the numpy backend acts through fastrl_ext's kernel where it is built (system.native_acting)
+            backend = "fastrl_ext" if st.get("native_acting") else st.get("backend")
+            what = f"samples/s at batch {st['batch']}" + (f", {backend}" if backend else "")
         elif name == "learn":
             what = f"samples/s, {st['epochs']} epoch(s), batch {st['batch_size']}"
         key = f"{unit}_per_s" if unit else "env_steps_per_s"

@@ -51,22 +51,13 @@ def microbench(rounds: int, seconds: float) -> None:
 
 def learner_ab(config: str, rounds: int, seconds: float) -> None:
     # imported here: the microbenchmark alone needs none of the learner's machinery
-    import fastrl.algo.appo as appo
-    from fastrl.bench.components import synthetic_batch
+    from fastrl.bench.components import learner_on_synthetic_batch
     from fastrl.config.hardware import resolve_auto
     from fastrl.config.loader import load_config
     from fastrl.envs.spec import resolve_env
-    from fastrl.workers.learner import build_learner_model
-    from fastrl.workers.process import keep_freed_heap
 
-    cfg = resolve_auto(load_config(config, []))
-    spec = resolve_env(cfg.env)
-    torch.set_num_threads(1)
-    keep_freed_heap(cfg.system.heap_keep_mib)
-    torch.manual_seed(cfg.run.seed)
-    trainer = appo.APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag,
-                               shards=cfg.system.learner_shards)
-    batch = synthetic_batch(cfg, spec)
+    cfg = resolve_auto(load_config(config, ["system.learner_threads=1"]))
+    trainer, batch = learner_on_synthetic_batch(cfg, resolve_env(cfg.env))
     routes = {"numpy": None, "native": _activations}
 
     def cpu_ms_per_batch(route: str, budget_s: float) -> float:

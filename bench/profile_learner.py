@@ -24,12 +24,10 @@ from collections import defaultdict
 import torch
 
 import fastrl.algo.appo as appo
-from fastrl.bench.components import synthetic_batch
+from fastrl.bench.components import learner_on_synthetic_batch
 from fastrl.config.hardware import resolve_auto
 from fastrl.config.loader import load_config
 from fastrl.envs.spec import resolve_env
-from fastrl.workers.learner import build_learner_model
-from fastrl.workers.process import keep_freed_heap
 
 PHASES = ("forward", "log_prob", "entropy", "vtrace", "loss", "backward", "clip", "adam")
 
@@ -52,12 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = resolve_auto(load_config(args.config, args.overrides))
     spec = resolve_env(cfg.env)
-    torch.set_num_threads(cfg.system.learner_threads)
-    keep_freed_heap(cfg.system.heap_keep_mib)  # as the learner process does
-    torch.manual_seed(cfg.run.seed)
-    trainer = appo.APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag,
-                               shards=cfg.system.learner_shards)
-    batch = synthetic_batch(cfg, spec)
+    trainer, batch = learner_on_synthetic_batch(cfg, spec)
 
     spent: dict[str, float] = defaultdict(float)
     model, optimizer = trainer.model, trainer.optimizer

@@ -223,14 +223,21 @@ def synthetic_batch(cfg: Config, spec: EnvSpec, seed: int = 0) -> dict:
             "policy_version": torch.zeros((T, B), dtype=torch.int64)}
 
 
-def bench_learn(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> ComponentResult:
+def learner_on_synthetic_batch(cfg: Config, spec: EnvSpec) -> tuple[APPOTrainer, dict]:
+    """The preset's trainer, set up in this process as the learner process sets itself up (torch
+    threads, heap setting, seed), and the learn stage's synthetic batch; shared with bench/'s learner
+    scripts so that they measure the same thing."""
     torch.set_num_threads(cfg.system.learner_threads)
     keep_freed_heap(cfg.system.heap_keep_mib)  # as the learner process does
     torch.manual_seed(cfg.run.seed)
-    model = build_learner_model(spec, cfg)
+    trainer = APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag,
+                          shards=cfg.system.learner_shards)
+    return trainer, synthetic_batch(cfg, spec)
+
+
+def bench_learn(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> ComponentResult:
+    trainer, batch = learner_on_synthetic_batch(cfg, spec)
     shards = cfg.system.learner_shards
-    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards)
-    batch = synthetic_batch(cfg, spec)
     passes = cfg.algo.batch_size * cfg.algo.num_epochs
 
     def step() -> int:

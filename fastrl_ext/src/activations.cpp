@@ -1,8 +1,9 @@
 // fastrl_ext._activations: tanh and its gradient for the learner's MLPs (fastrl.models.activations).
 //
 // Why native: on the AVX2-only EPYC neither torch 2.13's CPU tanh nor numpy's is vectorised (numpy's
-// SIMD tanh needs AVX-512): ~205 us for a 528x64 float32 activation, four of them per CartPole
-// minibatch forward, 14% of its learner; torch's tanh_backward took ~70 us more each. The loop of
+// SIMD tanh needs AVX-512): 101 and 127 us for a 528x64 float32 activation, four of them per CartPole
+// minibatch forward, 14% of its learner; torch's tanh_backward 24 us more each. Here: 43 and 7 us
+// (bench/activations_microbench.py; fastrl_ext/README.md has both EPYCs). The loop of
 // tanh_row.h (absolute error < 2e-7 against np.tanh) runs as AVX2 or AVX-512 code, picked at import
 // like _acting's kernel (isa.h).
 //   tanh(x, out):                out = tanh(x)

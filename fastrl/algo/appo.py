@@ -20,6 +20,7 @@ import torch
 
 from fastrl.algo.adam import Adam
 from fastrl.algo.appo_loss import LossOutput, appo_loss, normalized_advantages
+from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm
 from fastrl.algo.shards import ShardPool, even_cuts
@@ -46,9 +47,12 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
 
 
 class APPOTrainer:
-    def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0, shards: int = 1):
+    def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0, shards: int = 1,
+                 bf16_working_copy: bool = True):
         """`shards` > 1 (system.learner_shards) runs each sample minibatch, and the batch's no-grad
-        forward, as that many pieces on as many threads (fastrl.algo.shards)."""
+        forward, as that many pieces on as many threads (fastrl.algo.shards). A bf16 network runs
+        its forwards through a bf16 working copy (fastrl.algo.bf16_copy) unless `bf16_working_copy`
+        is off, which leaves the casts to autocast (the same gradients; tests compare the two)."""
         if shards > 1 and cfg.minibatch_unit != "samples":
             raise ValueError("learner shards need algo.minibatch_unit=samples")
         self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag
@@ -60,6 +64,9 @@ class APPOTrainer:
         # tensor each instead of a dozen (fastrl.algo.flat_params says why and when)
         self.flat = FlatParams(self.trained_params) if FlatParams.supported(self.trained_params) else None
         self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps, flat=self.flat)
+        # `net` runs every forward; `model` holds the fp32 weights that Adam updates and others read
+        self.bf16_copy = Bf16WorkingCopy(model) if model.bf16 and bf16_working_copy else None
+        self.net = self.bf16_copy.model if self.bf16_copy is not None else model
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
         self.skipped_total = 0   # optimizer steps dropped for a non-finite loss or gradient
         self.skipped_in_row = 0  # ... since the last good one
@@ -81,28 +88,28 @@ class APPOTrainer:
         rows = max(1, NO_GRAD_CHUNK_BYTES // max(1, flat[0].numel() * flat.element_size()))
         sharded = chunked and self.pool.shards > 1
         if not sharded and (not chunked or rows >= flat.shape[0]):
-            params, values = self.model(flat)  # one call, nothing to concatenate (the path with autograd)
+            params, values = self.net(flat)  # one call, nothing to concatenate (the path with autograd)
         else:
             if sharded:  # each shard takes an even, contiguous share, so the pieces come back in order
                 shares = [flat[lo:hi] for lo, hi in even_cuts(flat.shape[0], self.pool.shards)]
                 pieces = [p for share in self.pool.map(lambda x: self._no_grad_forwards(x, rows), shares)
                           for p in share]
             else:
-                pieces = [self.model(flat[i:i + rows]) for i in range(0, flat.shape[0], rows)]
+                pieces = [self.net(flat[i:i + rows]) for i in range(0, flat.shape[0], rows)]
             params, values = torch.cat([p for p, _ in pieces]), torch.cat([v for _, v in pieces])
         return params.reshape(T1, B, *params.shape[1:])[:-1], values.reshape(T1, B)
 
     def _no_grad_forwards(self, obs, rows: int) -> list:
         """The network over `obs` in pieces of `rows`, on a shard's thread."""
         with torch.no_grad():  # grad mode is per thread: the caller's no_grad does not reach a shard's
-            return [self.model(obs[i:i + rows]) for i in range(0, obs.shape[0], rows)]
+            return [self.net(obs[i:i + rows]) for i in range(0, obs.shape[0], rows)]
 
     def _trajectory_minibatch_loss(self, mb: dict):
         """Whole trajectories [T(+1), b]: V-trace with this minibatch's own (current) values."""
         cfg = self.cfg
         params, values = self._forward_time_major(mb["obs"])
-        new_log_probs = self.model.log_prob(params, mb["actions"])
-        entropy = self.model.entropy(params)
+        new_log_probs = self.net.log_prob(params, mb["actions"])
+        entropy = self.net.entropy(params)
         targets = vtrace(new_log_probs.detach() - mb["log_probs"], mb["rewards"], values.detach(),
                          mb["terminated"], mb["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda,
                          native=cfg.native_vtrace)
@@ -110,8 +117,8 @@ class APPOTrainer:
 
     def _sample_minibatch_loss(self, mb: dict):
         """Single samples [b] whose V-trace targets were computed for the whole batch."""
-        params, values = self.model(mb["obs"])
-        return self._loss(mb, self.model.log_prob(params, mb["actions"]), self.model.entropy(params), values,
+        params, values = self.net(mb["obs"])
+        return self._loss(mb, self.net.log_prob(params, mb["actions"]), self.net.entropy(params), values,
                           mb["vs"], mb["pg_advantages"])
 
     def _loss(self, mb: dict, new_log_probs, entropy, values, value_targets, advantages, normalize_adv=None):
@@ -124,10 +131,15 @@ class APPOTrainer:
     def _loss_and_gradient(self, mb: dict, minibatch_loss) -> LossOutput:
         """The minibatch's loss, with its gradient in the parameters' .grad (zeroed first)."""
         self.optimizer.zero_grad(set_to_none=True)
+        if self.bf16_copy is not None:
+            self.bf16_copy.refresh()  # the weights the last step left
         if self.pool.shards > 1:
             return self._sharded_sample_backward(mb)
         out = minibatch_loss(mb)
-        out.loss.backward()
+        if self.bf16_copy is not None:
+            self.bf16_copy.set_master_grads([self.bf16_copy.gradients(out.loss)])
+        else:
+            out.loss.backward()
         return out
 
     def _sharded_sample_backward(self, mb: dict) -> LossOutput:
@@ -147,25 +159,30 @@ class APPOTrainer:
         def piece(index_and_bounds):
             index, (lo, hi) = index_and_bounds
             part = {key: value[lo:hi] for key, value in mb.items()}
-            params, values = self.model(part["obs"])
-            out = self._loss(part, self.model.log_prob(params, part["actions"]), self.model.entropy(params), values,
+            params, values = self.net(part["obs"])
+            out = self._loss(part, self.net.log_prob(params, part["actions"]), self.net.entropy(params), values,
                              part["vs"], advantages[lo:hi], normalize_adv=False)
             weight = int(part["train_mask"].sum()) / total_valid
             loss = out.loss * weight
+            if self.bf16_copy is not None:
+                return out, weight, self.bf16_copy.gradients(loss)
             if index == 0:
                 loss.backward()  # into .grad (the flat buffer's views stay attached); the others only read
                 return out, weight, None
             return out, weight, torch.autograd.grad(loss, self.trained_params, allow_unused=True)
 
         results = self.pool.map(piece, list(enumerate(bounds)))
-        for _, _, grads in results[1:]:
-            for p, g in zip(self.trained_params, grads):
-                if g is None:
-                    continue
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad.add_(g)
+        if self.bf16_copy is not None:
+            self.bf16_copy.set_master_grads([grads for _, _, grads in results])
+        else:
+            for _, _, grads in results[1:]:
+                for p, g in zip(self.trained_params, grads):
+                    if g is None:
+                        continue
+                    if p.grad is None:
+                        p.grad = g
+                    else:
+                        p.grad.add_(g)
         return LossOutput(*(sum(weight * getattr(out, name).detach().double() for out, weight, _ in results)
                             for name in LossOutput._fields))
 
@@ -175,8 +192,10 @@ class APPOTrainer:
         flattened to [T*B, ...] so that minibatches can draw single samples."""
         cfg = self.cfg
         obs = batch["obs"]
+        if self.bf16_copy is not None:
+            self.bf16_copy.refresh()
         params, values = self._forward_time_major(obs, chunked=True)
-        log_ratios = self.model.log_prob(params, batch["actions"]) - batch["log_probs"]
+        log_ratios = self.net.log_prob(params, batch["actions"]) - batch["log_probs"]
         targets = vtrace(log_ratios, batch["rewards"], values, batch["terminated"],
                          batch["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda,
                          native=cfg.native_vtrace)

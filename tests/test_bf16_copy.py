@@ -1,0 +1,113 @@
+"""The learner's bf16 working copy (fastrl.algo.bf16_copy): forwards and gradients through one bf16
+copy of the network must give autocast's gradients and weights to the bit, in every minibatch shape
+and shard count, and the copy must follow the fp32 weights (optimizer steps, loads) and share the
+observation statistics."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastrl.algo.appo import APPOTrainer
+from fastrl.algo.bf16_copy import Bf16WorkingCopy
+from fastrl.bench.components import synthetic_batch
+from fastrl.config import load_config
+from fastrl.config.schema import ModelConfig
+from fastrl.envs.spec import EnvSpec
+from fastrl.models import ActorCritic, seeded_model
+
+ROOT = Path(__file__).resolve().parents[1]
+FRAMES = EnvSpec("Tiny-frames", "envpool", (2, 36, 36), np.dtype(np.uint8), True, 3)
+CHEETAH = EnvSpec("Tiny-cheetah", "envpool", (5,), np.dtype(np.float32), False, 2, (-1.0,) * 2, (1.0,) * 2)
+
+CASES = {  # spec, preset, overrides: the CNN's channels-last list of parameters, an MLP's flat buffer
+    "cnn": (FRAMES, "configs/atari_pong.yaml", ["algo.batch_size=256", "algo.num_minibatches=4"]),
+    "mlp-gaussian-normalized": (CHEETAH, "configs/mujoco_halfcheetah.yaml",
+                                ["algo.batch_size=256", "algo.num_minibatches=4", "model.normalize_obs=true",
+                                 "model.shared_encoder=false"]),
+}
+
+
+def _trainer(case, working_copy, shards=1, unit="samples", extra=()):
+    spec, preset, overrides = CASES[case]
+    cfg = load_config(str(ROOT / preset), [f"algo.minibatch_unit={unit}", "model.precision=bf16", "algo.num_epochs=2",
+                                           *overrides, *extra])
+    model = seeded_model(spec, cfg.model, seed=3)
+    if spec.is_image:
+        model.to(memory_format=torch.channels_last)
+    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards, bf16_working_copy=working_copy)
+    return trainer, cfg, spec
+
+
+def _batch(cfg, spec):
+    batch = synthetic_batch(cfg, spec, seed=5)
+    gen = torch.Generator().manual_seed(9)
+    batch["log_probs"] = torch.randn(batch["log_probs"].shape, generator=gen) * 0.3 - 0.7  # ratios != 1
+    batch["valid"][:7, 0] = False  # never a whole trajectory: the MLP's minibatches can be one trajectory
+    batch["valid"][3, :] = False
+    batch["terminated"][5, ::3] = True
+    return batch
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("shards,unit", [(1, "samples"), (2, "samples"), (1, "trajectories")])
+def test_working_copy_trains_to_autocasts_weights_bit_for_bit(case, shards, unit):
+    results = []
+    for working_copy in (False, True):
+        trainer, cfg, spec = _trainer(case, working_copy, shards, unit)
+        assert (trainer.bf16_copy is not None) == working_copy
+        if working_copy:
+            assert trainer.net is not trainer.model and trainer.net.normalizer is trainer.model.normalizer
+        batch = _batch(cfg, spec)
+        # the first minibatch's gradient, then two epochs of steps over two batches
+        first = dict(batch, train_mask=batch["valid"].bool())
+        trainer._loss_and_gradient(*next(trainer._minibatches(first)))
+        grads = [p.grad.clone() for p in trainer.trained_params]
+        stats = [trainer.train(batch), trainer.train(_batch(cfg, spec))]
+        results.append((grads, stats, [p.detach().clone() for p in trainer.trained_params]))
+    (g_auto, s_auto, w_auto), (g_copy, s_copy, w_copy) = results
+    assert all(g.abs().max() > 0 for g in g_auto)
+    for a, b in zip(g_auto, g_copy):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b)
+    assert s_auto[1]["sgd_steps"] == 8
+    for a, b in zip(s_auto, s_copy):
+        assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]
+    for a, b in zip(w_auto, w_copy):
+        assert torch.equal(a, b)
+
+
+def test_the_copy_follows_loads_into_the_fp32_weights():
+    """A resumed learner loads fp32 weights after building its trainer: the next forward sees them."""
+    trainer, cfg, spec = _trainer("cnn", True)
+    other = seeded_model(spec, cfg.model, seed=11)
+    trainer.model.load_state_dict(other.state_dict())
+    batch = _batch(cfg, spec)
+    targets = trainer._flat_samples_with_targets(dict(batch, train_mask=batch["valid"].bool()))
+    fresh, _, _ = _trainer("cnn", False)
+    fresh.model.load_state_dict(other.state_dict())
+    expected = fresh._flat_samples_with_targets(dict(batch, train_mask=batch["valid"].bool()))
+    assert torch.equal(targets["vs"], expected["vs"])
+
+
+def test_copy_holds_bf16_layers_and_leaves_the_master_alone():
+    model = ActorCritic(CHEETAH, ModelConfig(precision="bf16", normalize_obs=True))
+    before = [p.detach().clone() for p in model.parameters()]
+    working = Bf16WorkingCopy(model)
+    assert model.normalizer is not None and working.model.normalizer is model.normalizer
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert {p.dtype for p in working.params} == {torch.bfloat16, torch.float32}  # layers / log-std
+    assert working.model.log_std.dtype == torch.float32
+    with torch.no_grad():
+        model.log_std.fill_(-0.25)
+    working.refresh()
+    assert float(working.model.log_std[0].detach()) == -0.25
+    for p, q in zip(before[1:], list(model.parameters())[1:]):
+        assert torch.equal(p, q)
+    # a piece that does not reach a parameter leaves it as zero_grad did
+    model.log_std.grad = None
+    loss = working.model(torch.randn(4, 5))[1].sum()  # the value alone: no log-std
+    working.set_master_grads([working.gradients(loss)])
+    assert model.log_std.grad is None and model.value_head.weight.grad.dtype == torch.float32
+    with pytest.raises(ValueError, match="bf16"):
+        Bf16WorkingCopy(ActorCritic(CHEETAH, ModelConfig(precision="fp32")))

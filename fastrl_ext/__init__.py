@@ -28,15 +28,19 @@ CPU tanh is scalar, numpy's vectorised only on AVX-512); `torch.tanh` is the ref
 arithmetic and `_acting`'s kernel (through its capsule); `fastrl.workers.rollout.RolloutWorker.pump` is
 the reference (tests/test_native_steps.py and tests/test_serial.py hold them to the same bytes).
 `system.native_rollout_loop` picks.
+
+`_frames`: uint8 frames to the Nature CNN's input (cast, scaled to [0, 1], relaid to channels-last) in
+one pass, float32 or bf16; torch's three passes are the reference (tests/test_frames.py), checked for
+every byte value before first use. Used by `fastrl.models.frames` for contiguous CPU frames.
 """
 
 try:
-    from fastrl_ext import _acting, _activations, _appo_loss, _record, _rings, _vtrace
+    from fastrl_ext import _acting, _activations, _appo_loss, _frames, _record, _rings, _vtrace
     from fastrl_ext import _rollout  # after _acting, whose capsule it imports
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _acting = _activations = _appo_loss = _record = _rings = _rollout = _vtrace = None
+    _acting = _activations = _appo_loss = _frames = _record = _rings = _rollout = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_acting", "_activations", "_appo_loss", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]
+__all__ = ["_acting", "_activations", "_appo_loss", "_frames", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]

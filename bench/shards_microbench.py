@@ -5,7 +5,9 @@ many OpenMP threads (system.learner_threads).
     python bench/shards_microbench.py --config configs/atari_pong.yaml [--shards 2] [--rounds 7] [--repeats 5]
 
 Prints medians of wall and CPU ms per minibatch (`APPOTrainer._loss_and_gradient`, the learner's own
-code, on the bench's synthetic batch; no optimizer step). Alone, the cores are all the learner's: in a
+code, on the bench's synthetic batch; no optimizer step). For a bf16 network, one more variant runs the
+shards with autocast casting the fp32 weights for each piece instead of through the learner's bf16
+working copy (fastrl.algo.bf16_copy), with the per-round CPU ratio of the two. Alone, the cores are all the learner's: in a
 run the samplers share them, which is what `bench/side_by_side.py --stage train` measures.
 """
 
@@ -41,25 +43,35 @@ def main() -> int:
     batch = dict(batch, train_mask=batch["valid"].bool())
     mb, loss_fn = next(trainer._minibatches(batch))
 
-    variants = {"1 thread": (1, 1), f"{args.shards} shards": (1, args.shards),
-                f"{args.shards} OpenMP threads": (args.shards, 1)}
+    variants = {"1 thread": (trainer, 1, 1), f"{args.shards} shards": (trainer, 1, args.shards),
+                f"{args.shards} OpenMP threads": (trainer, args.shards, 1)}
+    autocast_name = f"{args.shards} shards, autocast"
+    if trainer.bf16_copy is not None:
+        torch.manual_seed(cfg.run.seed)
+        variants[autocast_name] = (APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag,
+                                               bf16_working_copy=False), 1, args.shards)
     wall: dict[str, list] = {name: [] for name in variants}
     cpu: dict[str, list] = {name: [] for name in variants}
     for round_ in range(args.rounds + 1):  # round 0 warms every variant up and is not counted
-        for name, (threads, shards) in variants.items():
+        for name, (variant_trainer, threads, shards) in variants.items():
             torch.set_num_threads(threads)
-            trainer.set_shards(shards)
+            variant_trainer.set_shards(shards)
             w0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.repeats):
-                trainer._loss_and_gradient(mb, loss_fn)
+                variant_trainer._loss_and_gradient(mb, loss_fn)
             if round_:
                 wall[name].append((time.perf_counter() - w0) / args.repeats * 1e3)
                 cpu[name].append((time.process_time() - c0) / args.repeats * 1e3)
-    trainer.set_shards(1)
+    for variant_trainer, _, _ in variants.values():
+        variant_trainer.set_shards(1)
     print(f"{args.config}: minibatch of {mb['actions'].shape[0]} samples, {cfg.model.precision}, "
           f"medians of {args.rounds} rounds of {args.repeats}")
     for name in variants:
-        print(f"  {name:<20} wall {statistics.median(wall[name]):8.1f} ms   CPU {statistics.median(cpu[name]):8.1f} ms")
+        print(f"  {name:<24} wall {statistics.median(wall[name]):8.1f} ms   CPU {statistics.median(cpu[name]):8.1f} ms")
+    if autocast_name in variants:
+        ratios = [c / a for c, a in zip(cpu[f"{args.shards} shards"], cpu[autocast_name])]
+        print(f"  CPU, working copy / autocast, per round: {' '.join(f'{r:.3f}' for r in ratios)}; "
+              f"median {statistics.median(ratios):.3f}")
     return 0
 
 

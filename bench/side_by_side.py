@@ -57,6 +57,15 @@ def summary_row(doc: dict) -> dict:
     row["peak_pss_mib"] = train.get("peak_total_pss_mib")
     row["first_sample_s"] = train.get("time_to_first_sample_s")
     row["learner_wait"] = train.get("learner_wait_fraction")
+    # what an env step trained cost the machine, whole tree and by role: steadier than the rate on a
+    # host whose speed drifts between rounds, since a slower round is slower for every process alike
+    if train.get("processes") and row.get("train"):
+        per_step = {}
+        for proc in train["processes"]:
+            role = proc["name"].removeprefix("fastrl-").split("-")[0]
+            per_step[role] = per_step.get(role, 0.0) + proc["cpu_percent"] / 100 / row["train"] * 1e3
+        row["train_cpu_ms_per_env_step"] = train["cpu_percent_total"] / 100 / row["train"] * 1e3
+        row.update({f"{role}_cpu_ms_per_env_step": v for role, v in per_step.items()})
     return row
 
 
@@ -88,7 +97,7 @@ def main() -> None:
             continue
         b, a = statistics.median(values["before"]), statistics.median(values["after"])
         medians[key] = {"before": b, "after": a}
-        print(f"{key:<34}{b:>12,.2f}{a:>12,.2f}{a / b if b else float('nan'):>13.2f}x")
+        print(f"{key:<34}{b:>12,.3f}{a:>12,.3f}{a / b if b else float('nan'):>13.3f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "medians": medians, "runs": runs}, indent=1))
 

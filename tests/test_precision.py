@@ -107,3 +107,22 @@ def test_an_fp32_model_keeps_fp32_layers():
     fp32, _ = _pair(CHEETAH, normalize_obs=True)
     fp32.hold_layer_weights_in_bf16()
     assert all(p.dtype == torch.float32 for p in fp32.parameters())
+
+
+def test_channels_last_is_for_the_cnn_only_and_keeps_its_outputs():
+    """Learner and inference workers both lay a CNN's weights out channels-last (use_channels_last)."""
+    cnn = {"encoder": "nature_cnn", "hidden_sizes": [64], "activation": "relu", "shared_encoder": True}
+    fp32, bf16 = _pair(PONG, **cnn)
+    obs = _obs(PONG, 4)
+    with torch.no_grad():
+        before = fp32(obs)
+        assert fp32.use_channels_last() is fp32
+        after = fp32(obs)
+    convs = [m for m in fp32.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in convs)
+    for a, b in zip(before, after):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    mlp, _ = _pair(CHEETAH, normalize_obs=True)
+    weights = [p.data_ptr() for p in mlp.parameters()]
+    mlp.use_channels_last()
+    assert [p.data_ptr() for p in mlp.parameters()] == weights

@@ -178,7 +178,7 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
 
     torch.set_num_threads(cfg.system.inference_threads)
     batch = inference_batch_size(cfg)
-    model = ActorCritic(spec, cfg.model).eval()
+    model = ActorCritic(spec, cfg.model).eval().use_channels_last()  # as an inference worker's
     obs = random_obs(spec, (batch,), torch.Generator().manual_seed(0))
     backend = acting_backend(cfg, spec) if rollout_workers_act(cfg) else "torch"
     if backend == "torch":

@@ -98,6 +98,15 @@ class ActorCritic(nn.Module):
             params, values = self.policy_head(h), self.value_head(h_v).squeeze(-1)
         return params.float(), values.float()
 
+    def use_channels_last(self) -> ActorCritic:
+        """A CNN's weights in channels-last memory, which oneDNN's convs run faster on the CPU (its
+        input follows, fastrl.models.frames): training ~1.6x (the Pong CNN), a bf16 inference forward
+        with its weights held in bf16 3-7% (batch 32-16, AVX-512 EPYC). The learner and the inference
+        workers both use it, so both compute in the same layout. A no-op for an MLP."""
+        if any(isinstance(m, NatureCNN) for m in self.modules()):
+            self.to(memory_format=torch.channels_last)
+        return self
+
     def hold_layer_weights_in_bf16(self) -> None:
         """For a model that only runs forwards (an inference worker): keep the conv and linear
         weights in bf16, the copies autocast would otherwise make from fp32 at every forward (40% of

@@ -30,7 +30,7 @@ class TorchForward:
         self.device = torch.device(ctx.cfg.system.device)
         # the run's starting network, so that an inference worker that publishes it (see
         # fastrl.workers.inference) has it at hand; any other reader overwrites it with what it reads
-        self.model = seeded_model(ctx.spec, ctx.cfg.model, ctx.cfg.run.seed).to(self.device).eval()
+        self.model = seeded_model(ctx.spec, ctx.cfg.model, ctx.cfg.run.seed).to(self.device).eval().use_channels_last()
         self.staging = None  # once the weights' data block exists (SharedWeights.attach)
         # a bf16 network's layers are cast once, at the first load: until then this fp32 network
         # may be the one inference worker 0 publishes as the run's starting weights

@@ -27,11 +27,7 @@ POLL_S = 0.1
 
 def build_learner_model(spec, cfg) -> ActorCritic:
     """The model as the learner trains it (also what `fastrl bench` times)."""
-    model = ActorCritic(spec, cfg.model).to(torch.device(cfg.system.device)).train()
-    if spec.is_image:
-        # conv training is ~1.6x faster channels-last on CPU (measured on the Pong preset's CNN)
-        model.to(memory_format=torch.channels_last)
-    return model
+    return ActorCritic(spec, cfg.model).to(torch.device(cfg.system.device)).train().use_channels_last()
 
 
 def pick_free_ring(waiting: list[int], last: int) -> int:

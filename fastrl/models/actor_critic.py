@@ -108,9 +108,10 @@ class ActorCritic(nn.Module):
         return self
 
     def hold_layer_weights_in_bf16(self) -> None:
-        """For a model that only runs forwards (an inference worker): keep the conv and linear
-        weights in bf16, the copies autocast would otherwise make from fp32 at every forward (40% of
-        a batch-16 Pong forward in the profiler, mostly the 1.6M-weight layer's copy).
+        """Keep the conv and linear weights in bf16, the copies autocast would otherwise make from
+        fp32 at every forward (40% of a batch-16 Pong forward in the profiler, mostly the 1.6M-weight
+        layer's copy): an inference worker's network, and the learner's working copy
+        (fastrl.algo.bf16_copy), which takes its gradients w.r.t. these bf16 weights.
         The values are the same bf16 roundings; loading fp32 weights into them rounds once per
         new version. The Gaussian log-std and the observation statistics stay fp32."""
         if not self.bf16:

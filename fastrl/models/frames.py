@@ -1,10 +1,10 @@
 """uint8 frames to the Nature CNN's input: the conv's dtype, scaled to [0, 1], in its memory order.
 
 torch takes three passes (cast, relayout, scale), and its relayout to channels-last is slow: on the
-AVX-512 EPYC, per 84x84x4 frame, 22-30 µs to bf16 channels-last (the learner's input in bf16) and
-57-77 µs to float32 channels-last (the learner's on an AVX2 host), 8-10 µs to bf16 NCHW (an inference
-worker's); the learner pays it three times per env step trained. fastrl_ext's `_frames` does it in one
-pass: 5.4-5.7, 3.6 and 3.9-4.7 µs (bench/frames_microbench.py). It computes the product torch does
+AVX-512 EPYC, per 84x84x4 frame at batches of 16-528, 58-87 µs to bf16 channels-last (the learner's
+input in bf16, and now the inference workers') and 29-105 µs to float32 channels-last (the learner's
+on an AVX2 host); the learner pays it three times per env step trained. fastrl_ext's `_frames` does it
+in one pass: 7-16 and 3-11 µs (`bench/frames_microbench.py`). It computes the product torch does
 (the frame cast to float32 times float32(1/255), then one rounding to bf16), which `_native_agrees`
 checks for all 256 byte values the first time it would be used; torch's passes, below, are the
 reference and what runs for anything else (another dtype, a non-contiguous or non-CPU tensor, an

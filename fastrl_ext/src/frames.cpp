@@ -2,16 +2,17 @@
 // pass: bf16 or float32, in the conv's own memory order (channels-last NHWC, or NCHW).
 //
 // Why native: torch does it in three passes (cast, relayout, scale) and its bf16 relayout is slow:
-// 24-40 us per 84x84x4 Pong frame on the AVX-512 EPYC for the learner's channels-last bf16 input,
-// which it pays three times per env step trained (the no-grad forward and two epochs), ~5% of its
-// CPU. One pass reads the 28 KB frame once and writes the input once (bench/frames_microbench.py).
+// 58-87 us per 84x84x4 Pong frame on the AVX-512 EPYC for the learner's channels-last bf16 input
+// (7-16 us here), which it pays three times per env step trained (the no-grad forward and two
+// epochs): the Pong learner's CPU per batch 0.97x with this pass. One pass reads the 28 KB frame once
+// and writes the input once (bench/frames_microbench.py [--learner configs/atari_pong.yaml]).
 //   frames_to_input(frames, out, channels_last):
 //     frames: uint8, C-contiguous [N, C, H, W]
 //     out:    C-contiguous [N, H, W, C] (channels_last) or [N, C, H, W], float32 ('f') or bf16 passed
 //             as its int16 bits ('h'), the same element count
 //     out = frames * float32(1/255), rounded to bf16 to nearest even for a bf16 out
 // The product is the one torch's `x.mul_(1.0 / 255.0)` computes on the cast frames (float32 opmath,
-// then one rounding); fastrl.models.frames checks all 256 values against torch at import.
+// then one rounding); fastrl.models.frames checks all 256 values against torch before first use.
 #include "buffer_view.h"
 #include "isa.h"
 

@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=60.0, help="measuring time per stage (default 60)")
     bench.add_argument("--stage", dest="stages", action="append", choices=list(STAGES),
                        help="run only this stage; repeatable (default: all five)")
+    bench.add_argument("--rounds", type=_positive_int, default=1,
+                       help="run the stages this many times in turn; rates, bound and efficiency are then "
+                            "medians over rounds, each round's efficiency its own ratio (default 1)")
     bench.add_argument("--json", help="also write the result document here")
 
     tune = sub.add_parser("tune", help="search worker/env/thread counts for the fastest training on this box")
@@ -58,6 +61,16 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", default="curves.png", help="PNG to write (default curves.png)")
     plot.add_argument("--title", help="figure title (default: the run names)")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -188,7 +201,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         result = run_bench(cfg, spec, " + ".join(args.config or ["defaults"]), args.overrides, args.seconds,
                            args.stages or list(STAGES),
-                           Progress())
+                           Progress(), rounds=args.rounds)
     except (BenchInterrupted, KeyboardInterrupt):
         print("fastrl bench: interrupted", file=sys.stderr)
         return 130

@@ -56,6 +56,20 @@ def test_bench_single_stage(tmp_path):
                                                                        "formula": result["bound"]["formula"]}
 
 
+def test_bench_rounds_run_the_stages_in_turn(tmp_path):
+    out = tmp_path / "bench.json"
+    run = RunProcess("--config", CARTPOLE, "--seconds", "1", "--stage", "env", "--stage", "infer",
+                     "--rounds", "3", "--json", str(out), command="bench")
+    assert run.wait(90) == 0, run.output
+    result = json.loads(out.read_text())
+    assert len(result["rounds"]) == 3 and set(result["stage_rounds"]) == {"env", "infer"}
+    bounds = sorted(r["bound"]["sample_env_steps_per_s"] for r in result["rounds"])
+    assert result["bound"]["sample_env_steps_per_s"] == pytest.approx(bounds[1], abs=0.1)
+    env_rates = [r["rates"]["env"] for r in result["rounds"]]
+    assert result["stages"]["env"]["env_steps_per_s"]["median"] == pytest.approx(sorted(env_rates)[1], abs=0.1)
+    assert "(round 3/3)" in run.output and "  round 3: env " in run.output
+
+
 def test_tune_writes_overlay_table_and_chart(tmp_path):
     out = tmp_path / "tune"
     # The tuner keeps 3 trials' time in hand before it starts another. On CI's cold first start one

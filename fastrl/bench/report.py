@@ -14,6 +14,7 @@ import sys
 import time
 
 from fastrl.bench.measure import headline_rate
+from fastrl.bench.rounds import rounds_lines
 
 SCHEMA_VERSION = 1
 STAGES = ("env", "infer", "learn", "sample", "train")
@@ -117,8 +118,11 @@ def format_table(result: dict) -> str:
     if "sample_env_steps_per_s" in bound:
         lines.append(f"machine bound (sample): {bound['sample_env_steps_per_s']:,.0f} env steps/s = "
                      f"{bound['cores']} / (1/env + 1/infer)")
+    rounds = result.get("rounds")
     for stage, value in eff.items():
-        lines.append(f"efficiency ({stage} / bound): {value:.0%}")
+        per_round = (f", the median of {len(rounds)} rounds' own ratios ("
+                     + ", ".join(f"{r['efficiency'][stage]:.0%}" for r in rounds) + ")") if rounds else ""
+        lines.append(f"efficiency ({stage} / bound): {value:.0%}{per_round}")
     for name in ("sample", "train"):
         if name not in stages:
             continue
@@ -126,7 +130,8 @@ def format_table(result: dict) -> str:
         lag = st["policy_lag"]
         procs = ", ".join(f"{p['name'].removeprefix('fastrl-')} {p['cpu_percent']:.0f}% {p['pss_mib']:.0f} MiB"
                           for p in st["processes"])
-        lines += [f"{name}: {st['bottleneck']}",
+        which = f" (round {result['stage_rounds'][name]})" if result.get("stage_rounds") else ""
+        lines += [f"{name}{which}: {st['bottleneck']}",
                   f"  learner busy {st['learner_busy_fraction']:.0%} / waiting {st['learner_wait_fraction']:.0%}; "
                   f"inference batch {st['inference_mean_batch']:.0f}; policy lag p50/p95/max "
                   f"{lag['p50']}/{lag['p95']}/{lag['max']}; dropped for lag {st['samples_dropped_for_lag']:,}",
@@ -136,6 +141,7 @@ def format_table(result: dict) -> str:
                   + ("" if st.get("time_to_first_batch_s") is None else
                      f", first batch {'freed' if name == 'sample' else 'trained'} {st['time_to_first_batch_s']:.1f} s")
                   + " after launching the runner (imports not counted)"]
+    lines += rounds_lines(result)
     if result.get("bottleneck"):
         lines.append(f"bottleneck: {result['bottleneck']}")
     return "\n".join(lines)

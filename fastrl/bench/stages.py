@@ -1,4 +1,5 @@
-"""`fastrl bench`: runs the chosen stages one after another and assembles the result document."""
+"""`fastrl bench`: runs the chosen stages one after another (for `--rounds N`, N times over) and assembles
+the result document."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from fastrl.bench.components import bench_env, bench_infer, bench_learn
 from fastrl.bench.measure import available_cores, headline_rate
 from fastrl.bench.report import SCHEMA_VERSION, STAGES, Progress, summarize
+from fastrl.bench.rounds import combine_rounds
 from fastrl.bench.system import bench_system
 from fastrl.config.checks import envs_per_split
 from fastrl.config.schema import Config
@@ -28,32 +30,43 @@ def counts(cfg: Config) -> dict:
 
 
 def run_bench(cfg: Config, spec: EnvSpec, config_path: str | None, overrides: list[str], seconds: float,
-              stages: list[str], progress: Progress) -> dict:
+              stages: list[str], progress: Progress, rounds: int = 1) -> dict:
+    """Run the chosen stages in order, `rounds` times over (fastrl.bench.rounds says how they combine)."""
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
-    result = {"schema_version": SCHEMA_VERSION, "config": config_path, "overrides": overrides,
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    header = {"schema_version": SCHEMA_VERSION, "config": config_path, "overrides": overrides,
               "env_id": cfg.env.id, "backend": spec.backend, "frames_per_env_step": spec.frames_per_env_step,
               "cores": available_cores(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-              "seconds_per_stage": seconds, "counts": counts(cfg), "stages": {}}
+              "seconds_per_stage": seconds, "counts": counts(cfg)}
     ordered = [s for s in STAGES if s in stages]
-    for i, stage in enumerate(ordered, 1):
-        progress.begin(i, len(ordered), stage)
-        started = time.monotonic()
-        if stage == "env":
-            out = bench_env(cfg, spec, seconds, progress).as_dict("env_steps")
-            text = f"{out['env_steps_per_s']['median']:,.0f} env steps/s"
-        elif stage == "infer":
-            out = bench_infer(cfg, spec, seconds, progress).as_dict("samples")
-            text = f"{out['samples_per_s']['median']:,.0f} samples/s"
-        elif stage == "learn":
-            out = bench_learn(cfg, spec, seconds, progress).as_dict("samples")
-            text = f"{out['samples_per_s']['median']:,.0f} samples/s"
-        else:
-            out = bench_system(cfg, spec, seconds, progress, discard=(stage == "sample"))
-            text = f"{headline_rate(out['env_steps_per_s']):,.0f} env steps/s"
-        out["stage_wall_s"] = round(time.monotonic() - started, 1)
-        result["stages"][stage] = out
-        progress.end(text)
-    summarize(result)
-    return result
+    done = []
+    for round_index in range(rounds):
+        result = dict(header, stages={})
+        for i, stage in enumerate(ordered, 1):
+            label = stage if rounds == 1 else f"{stage} (round {round_index + 1}/{rounds})"
+            progress.begin(round_index * len(ordered) + i, rounds * len(ordered), label)
+            started = time.monotonic()
+            out, text = _run_stage(stage, cfg, spec, seconds, progress)
+            out["stage_wall_s"] = round(time.monotonic() - started, 1)
+            result["stages"][stage] = out
+            progress.end(text)
+        summarize(result)
+        done.append(result)
+    return combine_rounds(done)
+
+
+def _run_stage(stage: str, cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> tuple[dict, str]:
+    if stage == "env":
+        out = bench_env(cfg, spec, seconds, progress).as_dict("env_steps")
+        return out, f"{out['env_steps_per_s']['median']:,.0f} env steps/s"
+    if stage == "infer":
+        out = bench_infer(cfg, spec, seconds, progress).as_dict("samples")
+        return out, f"{out['samples_per_s']['median']:,.0f} samples/s"
+    if stage == "learn":
+        out = bench_learn(cfg, spec, seconds, progress).as_dict("samples")
+        return out, f"{out['samples_per_s']['median']:,.0f} samples/s"
+    out = bench_system(cfg, spec, seconds, progress, discard=(stage == "sample"))
+    return out, f"{headline_rate(out['env_steps_per_s']):,.0f} env steps/s"

@@ -155,3 +155,56 @@ def test_weights_reserved_first_are_attached_by_a_process_holding_only_the_heade
     finally:
         alloc.unlink_all()
     assert not list(SHM_DIR.glob(alloc.prefix + "*"))
+
+
+def test_try_load_reads_straight_into_the_module_and_reads_a_torn_copy_again(monkeypatch):
+    alloc = ShmAllocator()
+    try:
+        src = _ConvNet().to(memory_format=torch.channels_last)
+        weights = SharedWeights.allocate(alloc, src)
+        dst = _ConvNet().to(dtype=torch.bfloat16)  # held in bf16, as an inference worker's layers are
+        assert weights.try_load(dst) is None  # nothing published yet
+        weights.publish(src, version=3)
+        weights.header.array[0] += 1  # a write in progress: the module is left as it was
+        before = _flat_state(dst).clone()
+        assert weights.try_load(dst) is None and torch.equal(_flat_state(dst), before)
+        weights.header.array[0] += 1
+        assert weights.try_load(dst) == 3
+        assert torch.equal(_flat_state(dst), _flat_state(src).to(torch.bfloat16))
+
+        # the learner publishes version 4 while the first copy is under way: that copy is torn,
+        # and the module must end up holding version 4 whole
+        with torch.no_grad():
+            src.head.weight.add_(1.0)
+        load_into, calls = weights.load_into, []
+
+        def publish_during_first_copy(module, flat):
+            load_into(module, flat)
+            if not calls:
+                weights.publish(src, version=4)
+            calls.append(int(weights.header.array[1]))
+
+        monkeypatch.setattr(weights, "load_into", publish_during_first_copy)
+        assert weights.try_load(dst) == 4 and calls == [4, 4]
+        assert torch.equal(_flat_state(dst), _flat_state(src).to(torch.bfloat16))
+    finally:
+        alloc.unlink_all()
+
+
+def test_try_load_gives_up_on_a_write_that_never_ends(monkeypatch):
+    alloc = ShmAllocator()
+    try:
+        src = _ConvNet()
+        weights = SharedWeights.allocate(alloc, src)
+        weights.publish(src, version=1)
+        load_into = weights.load_into
+
+        def writer_dies_mid_write(module, flat):
+            load_into(module, flat)
+            weights.header.array[0] += 1  # odd, and it stays odd
+
+        monkeypatch.setattr(weights, "load_into", writer_dies_mid_write)
+        with pytest.raises(RuntimeError, match="torn"):
+            weights.try_load(_ConvNet(), deadline_s=0.05)
+    finally:
+        alloc.unlink_all()

@@ -9,6 +9,7 @@ not with stores, which is all a seqlock of plain memory accesses needs.)
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -151,6 +152,38 @@ class SharedWeights:
         if int(h[0]) != seq_before:
             return None
         return version
+
+    def try_load(self, module: torch.nn.Module, deadline_s: float = 10.0) -> int | None:
+        """Load the published weights straight from shared memory into `module`'s tensors, each cast
+        to its own dtype; return their version, or None (module untouched) if a write is in progress.
+
+        Without the staging copy a refresh of Pong's CNN into bf16 layers costs 0.86 CPU-ms instead
+        of 1.58 (caches cold, as they are between an inference worker's refreshes; ~30 a second).
+        The price: a copy the learner overwrote meanwhile has already landed in the module, so it is
+        read again, whole, once the write in progress ends (a publication takes ~1 ms). A learner
+        that dies mid-write would leave the module torn: after `deadline_s` this raises instead.
+        """
+        import torch
+
+        h = self.header.array
+        seq_before = int(h[0])
+        if seq_before & 1 or seq_before == 0:  # mid-write, or nothing published yet
+            return None
+        flat = torch.from_numpy(self.data.array)
+        give_up_at = time.monotonic() + deadline_s
+        while True:
+            version = int(h[1])
+            self.load_into(module, flat)
+            if int(h[0]) == seq_before:
+                return version
+            while True:  # torn: wait for this write to end, then read again
+                if time.monotonic() > give_up_at:
+                    raise RuntimeError(f"the published weights stayed torn for {deadline_s:g} s "
+                                       "(did the learner stop in the middle of publishing?)")
+                seq_before = int(h[0])
+                if not seq_before & 1:
+                    break
+                time.sleep(100e-6)
 
     def load_into(self, module: torch.nn.Module, staging: torch.Tensor) -> None:
         import torch

@@ -31,24 +31,29 @@ class TorchForward:
         # the run's starting network, so that an inference worker that publishes it (see
         # fastrl.workers.inference) has it at hand; any other reader overwrites it with what it reads
         self.model = seeded_model(ctx.spec, ctx.cfg.model, ctx.cfg.run.seed).to(self.device).eval().use_channels_last()
-        self.staging = None  # once the weights' data block exists (SharedWeights.attach)
-        # a bf16 network's layers are cast once, at the first load: until then this fp32 network
-        # may be the one inference worker 0 publishes as the run's starting weights
+        self.attached = False  # to the weights' data block, once it exists (SharedWeights.attach)
+        self.staging = None  # on a GPU only: the block's host copy
+        # a bf16 network's layers are cast once, at the first read: inference worker 0 of a fresh
+        # run publishes this fp32 network as the starting weights before it reads any
         self.layers_cast = False
         torch.manual_seed(seed)  # action sampling: reproducible in serial mode
 
     def read(self, weights) -> int | None:
-        if self.staging is None:
+        if not self.attached:
             if not weights.attach(self.model):
                 return None
+            self.attached = True
+        if not self.layers_cast:
+            self.model.hold_layer_weights_in_bf16()
+            self.layers_cast = True
+        if self.device.type == "cpu":
+            return weights.try_load(self.model)  # no staging copy: see SharedWeights.try_load
+        # a GPU takes the block in one host-to-device copy, then casts tensor by tensor on the device
+        if self.staging is None:
             self.staging = weights.new_staging()
         version = weights.try_read(self.staging)
         if version is not None:
-            if not self.layers_cast:
-                self.model.hold_layer_weights_in_bf16()
-                self.layers_cast = True
-            staging = self.staging.to(self.device) if self.device.type != "cpu" else self.staging
-            weights.load_into(self.model, staging)
+            weights.load_into(self.model, self.staging.to(self.device))
         return version
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -3,9 +3,11 @@
     python bench/precision_microbench.py --config configs/atari_pong.yaml [--batch 64] [--repeats 7]
 
 Times, with the learner's and inference worker's single torch thread, one training step of a
-minibatch (forward, backward, Adam) and one inference forward, for each precision alternately;
-prints medians in wall µs per sample and the CPU's bf16 flags. On an AVX2-only CPU
-emulated bf16 is an order of magnitude slower; with AVX-512 BF16 or AMX it wins.
+minibatch (forward, backward, Adam) on the learner's model and one inference forward with action
+sampling on the model as an inference worker holds it, for each precision alternately; prints
+medians in CPU µs per sample (the thread's own time, so other load on the host does not count)
+and the CPU's bf16 flags. On an AVX2-only CPU emulated bf16 is an order of magnitude slower; with
+AVX-512 BF16 or AMX it wins.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fastrl.algo.adam import Adam
 from fastrl.config import load_config
 from fastrl.config.hardware import BF16_CPU_FLAGS, cpu_flags, resolve_precision, with_precision
 from fastrl.envs import resolve_env
+from fastrl.models import seeded_model
 from fastrl.workers.learner import build_learner_model
 
 
@@ -30,25 +33,29 @@ def observations(spec, batch: int) -> torch.Tensor:
 
 
 def time_precision(cfg, spec, precision: str, batch: int, repeats: int) -> tuple[float, float]:
-    """(training µs per sample, inference µs per sample), medians over `repeats` calls."""
+    """(training µs per sample, inference µs per sample): CPU time of the one thread, medians over
+    `repeats` calls. Training times the learner's model; inference the model as an inference worker
+    holds it (eval, channels-last, conv and linear weights kept in bf16), forward and action sampling."""
     cfg = with_precision(cfg, precision)
     torch.manual_seed(0)
     model = build_learner_model(spec, cfg)
     adam = Adam(model.parameters(), lr=1e-4, eps=1e-5)
+    actor = seeded_model(spec, cfg.model, 0).eval().use_channels_last()
+    actor.hold_layer_weights_in_bf16()  # a no-op in fp32
     obs = observations(spec, batch)
     train_s, infer_s = [], []
     for _ in range(repeats + 1):  # the first call of each warms oneDNN's kernels up and is dropped
-        started = time.perf_counter()
+        started = time.thread_time()
         params, values = model(obs)
         loss = params.square().mean() + values.square().mean()
         adam.zero_grad(set_to_none=True)
         loss.backward()
         adam.step()
-        train_s.append(time.perf_counter() - started)
+        train_s.append(time.thread_time() - started)
         with torch.inference_mode():
-            started = time.perf_counter()
-            model(obs)
-            infer_s.append(time.perf_counter() - started)
+            started = time.thread_time()
+            actor.sample(actor(obs)[0])
+            infer_s.append(time.thread_time() - started)
     return (1e6 * statistics.median(train_s[1:]) / batch, 1e6 * statistics.median(infer_s[1:]) / batch)
 
 
@@ -71,8 +78,8 @@ def main() -> None:
         for precision in results:
             results[precision].append(time_precision(cfg, spec, precision, args.batch, args.repeats))
     rows = {p: tuple(statistics.median(r[i] for r in runs) for i in range(2)) for p, runs in results.items()}
-    print(f"{'µs per sample, batch ' + str(args.batch):<28}{'fp32':>10}{'bf16':>10}{'bf16/fp32':>11}")
-    for i, name in enumerate(("train (fwd+bwd+Adam)", "inference forward")):
+    print(f"{'CPU µs per sample, batch ' + str(args.batch):<28}{'fp32':>10}{'bf16':>10}{'bf16/fp32':>11}")
+    for i, name in enumerate(("train (fwd+bwd+Adam)", "inference (fwd+sample)")):
         fp32, bf16 = rows["fp32"][i], rows["bf16"][i]
         print(f"{name:<28}{fp32:>10,.0f}{bf16:>10,.0f}{bf16 / fp32:>10.2f}x")
 

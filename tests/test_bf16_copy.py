@@ -29,14 +29,15 @@ CASES = {  # spec, preset, overrides: the CNN's channels-last list of parameters
 }
 
 
-def _trainer(case, working_copy, shards=1, unit="samples", extra=()):
+def _trainer(case, working_copy, shards=1, unit="samples", extra=(), native_grad_sum=False):
     spec, preset, overrides = CASES[case]
     cfg = load_config(str(ROOT / preset), [f"algo.minibatch_unit={unit}", "model.precision=bf16", "algo.num_epochs=2",
                                            *overrides, *extra])
     model = seeded_model(spec, cfg.model, seed=3)
     if spec.is_image:
         model.to(memory_format=torch.channels_last)
-    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards, bf16_working_copy=working_copy)
+    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards, bf16_working_copy=working_copy,
+                          native_grad_sum=native_grad_sum)
     return trainer, cfg, spec
 
 
@@ -75,6 +76,34 @@ def test_working_copy_trains_to_autocasts_weights_bit_for_bit(case, shards, unit
         assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]
     for a, b in zip(w_auto, w_copy):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_native_grad_sum_gives_torchs_gradients_and_its_norm_to_rounding(shards):
+    """fastrl_ext._grad_sum sums the pieces to the same bits; the norm it returns (summed in another
+    order) and the clip folded into Adam (a divide for a multiply) move the weights by rounding only."""
+    results = []
+    for native in (False, True):
+        trainer, cfg, spec = _trainer("cnn", True, shards, native_grad_sum=native)
+        batch = _batch(cfg, spec)
+        first = dict(batch, train_mask=batch["valid"].bool())
+        trainer._loss_and_gradient(*next(trainer._minibatches(first)))
+        grads = [p.grad.clone() for p in trainer.trained_params]
+        assert (trainer.grad_sum_sq is not None) == native
+        sum_sq = trainer.grad_sum_sq
+        stats = [trainer.train(batch), trainer.train(_batch(cfg, spec))]
+        results.append((grads, sum_sq, stats, [p.detach().clone() for p in trainer.trained_params]))
+    (g_torch, _, s_torch, w_torch), (g_native, sum_sq, s_native, w_native) = results
+    for a, b in zip(g_torch, g_native):
+        assert torch.equal(a, b)
+    assert sum_sq == pytest.approx(sum(float(g.double().square().sum()) for g in g_torch), rel=1e-12)
+    assert all(s["grad_norm"] > cfg.algo.max_grad_norm for s in s_torch)  # the clip acted on these steps
+    for a, b in zip(s_torch, s_native):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5) and a["sgd_steps"] == b["sgd_steps"] == 8
+    for a, b in zip(w_torch, w_native):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    moved = max(float((a - b).abs().max()) for a, b in zip(w_torch, [p.detach() for p in _trainer("cnn", True)[0].trained_params]))
+    assert moved > 1e-4  # the steps themselves move the weights far more than the rounding does
 
 
 def test_the_copy_follows_loads_into_the_fp32_weights():

@@ -81,7 +81,10 @@ class Adam:
                 p.grad.zero_()
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, grad_mul: torch.Tensor | None = None) -> None:
+        """One update. `grad_mul` (a 0-dim tensor, at most 1: a clip's scale) multiplies the gradients
+        first, in place as the clip would; the fused kernel does it in its own pass, as the divisor it
+        calls grad_scale (the product may differ from `g * grad_mul` in the last bit)."""
         group = self.param_groups[0]
         lr, eps = float(group["lr"]), float(group["eps"])
         beta1, beta2 = group["betas"]
@@ -98,12 +101,16 @@ class Adam:
             exp_avgs = [self.exp_avgs[i] for i in live]
             exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
             steps = [self.steps[i] for i in live]
+        scaled = grad_mul is not None and float(grad_mul) != 1.0
         if self.fused:
             torch._foreach_add_(steps, 1)
+            divisor = torch.reciprocal(grad_mul.to(torch.float32)).reshape(()) if scaled else None
             torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=beta1,
-                               beta2=beta2, weight_decay=0.0, eps=eps, maximize=False, grad_scale=None,
+                               beta2=beta2, weight_decay=0.0, eps=eps, maximize=False, grad_scale=divisor,
                                found_inf=None)
             return
+        if scaled:
+            torch._foreach_mul_(grads, grad_mul)
         for p, g, m, v, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
             step += 1
             t = float(step)

@@ -14,6 +14,7 @@ Two ways to cut a batch into minibatches (algo.minibatch_unit):
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -22,7 +23,7 @@ from fastrl.algo.adam import Adam
 from fastrl.algo.appo_loss import LossOutput, appo_loss, normalized_advantages
 from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.flat_params import FlatParams
-from fastrl.algo.grad_clip import clip_grad_norm
+from fastrl.algo.grad_clip import clip_grad_norm, clip_scale
 from fastrl.algo.shards import ShardPool, even_cuts
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
@@ -48,11 +49,13 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
 
 class APPOTrainer:
     def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0, shards: int = 1,
-                 bf16_working_copy: bool = True):
+                 bf16_working_copy: bool = True, native_grad_sum: bool = True):
         """`shards` > 1 (system.learner_shards) runs each sample minibatch, and the batch's no-grad
         forward, as that many pieces on as many threads (fastrl.algo.shards). A bf16 network runs
         its forwards through a bf16 working copy (fastrl.algo.bf16_copy) unless `bf16_working_copy`
-        is off, which leaves the casts to autocast (the same gradients; tests compare the two)."""
+        is off, which leaves the casts to autocast (the same gradients; tests compare the two).
+        `native_grad_sum` off keeps the copy's gradient sum and the clip in torch: the same gradients,
+        and a norm whose last bits follow torch's order of summation (tests compare)."""
         if shards > 1 and cfg.minibatch_unit != "samples":
             raise ValueError("learner shards need algo.minibatch_unit=samples")
         self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag
@@ -65,7 +68,8 @@ class APPOTrainer:
         self.flat = FlatParams(self.trained_params) if FlatParams.supported(self.trained_params) else None
         self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps, flat=self.flat)
         # `net` runs every forward; `model` holds the fp32 weights that Adam updates and others read
-        self.bf16_copy = Bf16WorkingCopy(model) if model.bf16 and bf16_working_copy else None
+        self.bf16_copy = Bf16WorkingCopy(model, native_grad_sum) if model.bf16 and bf16_working_copy else None
+        self.grad_sum_sq = None  # the last gradient's sum of squares, where the copy summed it natively
         self.net = self.bf16_copy.model if self.bf16_copy is not None else model
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
         self.skipped_total = 0   # optimizer steps dropped for a non-finite loss or gradient
@@ -131,13 +135,14 @@ class APPOTrainer:
     def _loss_and_gradient(self, mb: dict, minibatch_loss) -> LossOutput:
         """The minibatch's loss, with its gradient in the parameters' .grad (zeroed first)."""
         self.optimizer.zero_grad(set_to_none=True)
+        self.grad_sum_sq = None
         if self.bf16_copy is not None:
             self.bf16_copy.refresh()  # the weights the last step left
         if self.pool.shards > 1:
             return self._sharded_sample_backward(mb)
         out = minibatch_loss(mb)
         if self.bf16_copy is not None:
-            self.bf16_copy.set_master_grads([self.bf16_copy.gradients(out.loss)])
+            self.grad_sum_sq = self.bf16_copy.set_master_grads([self.bf16_copy.gradients(out.loss)])
         else:
             out.loss.backward()
         return out
@@ -173,7 +178,7 @@ class APPOTrainer:
 
         results = self.pool.map(piece, list(enumerate(bounds)))
         if self.bf16_copy is not None:
-            self.bf16_copy.set_master_grads([grads for _, _, grads in results])
+            self.grad_sum_sq = self.bf16_copy.set_master_grads([grads for _, _, grads in results])
         else:
             for _, _, grads in results[1:]:
                 for p, g in zip(self.trained_params, grads):
@@ -253,15 +258,22 @@ class APPOTrainer:
             if should_stop is not None and should_stop():
                 break
             out = self._loss_and_gradient(mb, minibatch_loss)
-            flat = self.flat is not None and self.flat.attached()  # not under another optimizer's zero_grad
-            grad_norm = clip_grad_norm(self.trained_params, cfg.max_grad_norm, self.flat.grad if flat else None)
+            grad_mul = None
+            if self.grad_sum_sq is not None:
+                # the gradients' squares were summed with them (fastrl.algo.bf16_copy): Adam applies
+                # the clip's scale as it reads them, instead of the clip reading them twice more
+                grad_norm = torch.tensor(math.sqrt(self.grad_sum_sq), dtype=torch.float32)
+                grad_mul = clip_scale(grad_norm, cfg.max_grad_norm)
+            else:
+                flat = self.flat is not None and self.flat.attached()  # not under another optimizer's zero_grad
+                grad_norm = clip_grad_norm(self.trained_params, cfg.max_grad_norm, self.flat.grad if flat else None)
             if not torch.isfinite(out.loss) or not torch.isfinite(grad_norm):
                 skipped += 1  # a non-finite step would poison the weights; drop it
                 self.skipped_total += 1
                 self.skipped_in_row += 1
                 continue
             self.skipped_in_row = 0
-            self.optimizer.step()
+            self.optimizer.step(grad_mul)
             self.policy_version += 1
             if publish is not None:
                 publish()

@@ -1,0 +1,119 @@
+"""The learner's work between a bf16 backward and the next forward, in torch against with
+fastrl_ext._grad_sum (fastrl.algo.bf16_copy), CPU ms per optimizer step, 1 thread, alternated.
+
+    python bench/grad_sum_microbench.py [--config configs/atari_pong.yaml] [--pieces 2] [--rounds 25]
+    python bench/grad_sum_microbench.py --learner [--config configs/atari_pong.yaml] [--rounds 15]
+
+torch: the pieces cast-copied and added into the fp32 .grad, the clip's norm and scale, Adam.
+fastrl_ext: the pieces summed with their sum of squares in one pass, Adam applying the clip's scale.
+Both then refresh the bf16 copy. Caches are evicted before each step, as the backward that precedes
+it leaves them. With `--learner`, the preset's whole learner (as `fastrl bench`'s learn stage sets it
+up) trains its synthetic batch with the native sum off and on in alternate rounds: CPU s per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from fastrl.algo.adam import Adam
+from fastrl.algo.bf16_copy import Bf16WorkingCopy
+from fastrl.algo.grad_clip import clip_grad_norm, clip_scale
+from fastrl.config import load_config
+from fastrl.config.hardware import resolve_auto, with_precision
+from fastrl.envs import resolve_env
+from fastrl.workers.learner import build_learner_model
+from fastrl.workers.process import keep_freed_heap
+from fastrl_ext import _grad_sum
+
+
+def step_ab(cfg, spec, pieces_count: int, rounds: int) -> None:
+    model = build_learner_model(spec, cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    adam = Adam(params, lr=cfg.algo.lr, eps=cfg.algo.adam_eps)
+    copies = {"torch": Bf16WorkingCopy(model, native_sum=False), "fastrl_ext": Bf16WorkingCopy(model, native_sum=True)}
+    gen = torch.Generator().manual_seed(0)
+    pieces = [tuple(torch.randn(p.shape, generator=gen).to(torch.bfloat16).to(memory_format=_layout(q)) * 0.01
+                    for p, q in zip(params, copies["torch"].params)) for _ in range(pieces_count)]
+    evict = torch.empty(64 << 20, dtype=torch.uint8)
+    max_norm = cfg.algo.max_grad_norm
+
+    def torch_step(copy):
+        copy.set_master_grads(pieces)
+        clip_grad_norm(params, max_norm)
+        adam.step()
+        copy.refresh()
+
+    def native_step(copy):
+        sum_sq = copy.set_master_grads(pieces)
+        adam.step(clip_scale(torch.tensor(sum_sq ** 0.5, dtype=torch.float32), max_norm))
+        copy.refresh()
+
+    steps = {"torch": torch_step, "fastrl_ext": native_step}
+    cpu_ms: dict[str, list] = {name: [] for name in steps}
+    for round_ in range(rounds + 1):  # round 0 warms both up and is not counted
+        for name, step in steps.items():
+            adam.zero_grad(set_to_none=True)
+            evict.add_(1)
+            started = time.thread_time()
+            step(copies[name])
+            if round_:
+                cpu_ms[name].append(1e3 * (time.thread_time() - started))
+    n = sum(p.numel() for p in params)
+    print(f"{n:,} parameters, {pieces_count} bf16 piece(s), fastrl_ext._grad_sum as {_grad_sum.ISA}; "
+          f"CPU ms per optimizer step (grad sum, clip, Adam, copy refresh), medians of {rounds} alternated rounds")
+    for name, values in cpu_ms.items():
+        print(f"  {name:<11} {statistics.median(values):7.3f}")
+    ratios = [b / a for a, b in zip(cpu_ms["torch"], cpu_ms["fastrl_ext"])]
+    print(f"  fastrl_ext / torch per round: median {statistics.median(ratios):.3f} "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+
+
+def _layout(p: torch.Tensor):
+    return torch.channels_last if p.dim() == 4 and not p.is_contiguous() else torch.contiguous_format
+
+
+def learner_ab(cfg, spec, rounds: int) -> None:
+    from fastrl.bench.components import learner_on_synthetic_batch
+
+    trainer, batch = learner_on_synthetic_batch(cfg, spec)
+    if trainer.bf16_copy is None:
+        raise SystemExit(f"this preset's learner has no bf16 working copy (model.precision={cfg.model.precision})")
+    cpu_s: dict[str, list] = {"torch": [], "fastrl_ext": []}
+    for round_ in range(rounds + 1):  # round 0 warms both up and is not counted
+        for name in cpu_s:
+            trainer.bf16_copy.native_sum = name == "fastrl_ext"
+            batch["policy_version"].fill_(trainer.policy_version)
+            started = time.process_time()
+            trainer.train(batch)
+            if round_:
+                cpu_s[name].append(time.process_time() - started)
+    ratios = [b / a for a, b in zip(cpu_s["torch"], cpu_s["fastrl_ext"])]
+    print(f"learner CPU s per batch ({cfg.system.learner_shards} shard(s)), medians of {rounds} alternated rounds")
+    for name, values in cpu_s.items():
+        print(f"  gradient sum by {name:<11} {statistics.median(values):.4f}")
+    print(f"  fastrl_ext / torch per round: {' '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/atari_pong.yaml")
+    parser.add_argument("--pieces", type=int, default=2, help="bf16 gradient pieces (the learner's shards)")
+    parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--learner", action="store_true", help="A/B the preset's whole learner batch instead")
+    args = parser.parse_args()
+    cfg = resolve_auto(load_config(args.config, []))
+    spec = resolve_env(cfg.env)
+    if args.learner:
+        learner_ab(cfg, spec, args.rounds)
+        return
+    torch.set_num_threads(1)
+    keep_freed_heap(cfg.system.heap_keep_mib)  # as the learner process does
+    step_ab(with_precision(cfg, "bf16"), spec, args.pieces, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,7 @@ setup(
         # the CNN's input from uint8 frames (cast, scale, relayout in one pass), vectorised the same way
         native_module("frames", [*LEARNER_HEADERS, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
         # the learner's bf16 gradient pieces into the fp32 .grad, with its sum of squares, vectorised the same way
-        native_module("grad_sum", [*LEARNER_HEADERS, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
+        native_module("optim", [*LEARNER_HEADERS, ISA], optimize="-O3", flags=["-fno-trapping-math", "-fno-math-errno"]),
         # the rollout worker's steps between slot boundaries: record_core.h's arithmetic under the same
         # flag as _record (same bits), and _acting's kernel through its capsule (its own flags)
         native_module("rollout", [*LEARNER_HEADERS, RECORD_CORE, ACTING_API], flags=["-ffp-contract=off"]),

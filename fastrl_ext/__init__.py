@@ -33,18 +33,18 @@ the reference (tests/test_native_steps.py and tests/test_serial.py hold them to 
 one pass, float32 or bf16; torch's three passes are the reference (tests/test_frames.py), checked for
 every byte value before first use. Used by `fastrl.models.frames` for contiguous CPU frames.
 
-`_grad_sum`: the learner's bf16 gradient pieces (one per shard) summed into a parameter's float32
+`_optim`: the learner's bf16 gradient pieces (one per shard) summed into a parameter's float32
 `.grad` with the sum of squares the clip's norm needs, in one pass; torch's cast-copy and add are the
 reference (tests/test_bf16_copy.py holds them to the same bits). Used by `fastrl.algo.bf16_copy`.
 """
 
 try:
-    from fastrl_ext import _acting, _activations, _appo_loss, _frames, _grad_sum, _record, _rings, _vtrace
+    from fastrl_ext import _acting, _activations, _appo_loss, _frames, _optim, _record, _rings, _vtrace
     from fastrl_ext import _rollout  # after _acting, whose capsule it imports
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _acting = _activations = _appo_loss = _frames = _grad_sum = _record = _rings = _rollout = _vtrace = None
+    _acting = _activations = _appo_loss = _frames = _optim = _record = _rings = _rollout = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_acting", "_activations", "_appo_loss", "_frames", "_grad_sum", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]
+__all__ = ["_acting", "_activations", "_appo_loss", "_frames", "_optim", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]

@@ -29,7 +29,7 @@ CASES = {  # spec, preset, overrides: the CNN's channels-last list of parameters
 }
 
 
-def _trainer(case, working_copy, shards=1, unit="samples", extra=(), native_grad_sum=False):
+def _trainer(case, working_copy, shards=1, unit="samples", extra=(), native_optimizer=False):
     spec, preset, overrides = CASES[case]
     cfg = load_config(str(ROOT / preset), [f"algo.minibatch_unit={unit}", "model.precision=bf16", "algo.num_epochs=2",
                                            *overrides, *extra])
@@ -37,7 +37,7 @@ def _trainer(case, working_copy, shards=1, unit="samples", extra=(), native_grad
     if spec.is_image:
         model.to(memory_format=torch.channels_last)
     trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards, bf16_working_copy=working_copy,
-                          native_grad_sum=native_grad_sum)
+                          native_optimizer=native_optimizer)
     return trainer, cfg, spec
 
 
@@ -79,12 +79,12 @@ def test_working_copy_trains_to_autocasts_weights_bit_for_bit(case, shards, unit
 
 
 @pytest.mark.parametrize("shards", [1, 2])
-def test_native_grad_sum_gives_torchs_gradients_and_its_norm_to_rounding(shards):
-    """fastrl_ext._grad_sum sums the pieces to the same bits; the norm it returns (summed in another
+def test_native_optimizer_gives_torchs_gradients_and_its_norm_to_rounding(shards):
+    """fastrl_ext._optim sums the pieces to the same bits; the norm it returns (summed in another
     order) and the clip folded into Adam (a divide for a multiply) move the weights by rounding only."""
     results = []
     for native in (False, True):
-        trainer, cfg, spec = _trainer("cnn", True, shards, native_grad_sum=native)
+        trainer, cfg, spec = _trainer("cnn", True, shards, native_optimizer=native)
         batch = _batch(cfg, spec)
         first = dict(batch, train_mask=batch["valid"].bool())
         trainer._loss_and_gradient(*next(trainer._minibatches(first)))
@@ -92,6 +92,12 @@ def test_native_grad_sum_gives_torchs_gradients_and_its_norm_to_rounding(shards)
         assert (trainer.grad_sum_sq is not None) == native
         sum_sq = trainer.grad_sum_sq
         stats = [trainer.train(batch), trainer.train(_batch(cfg, spec))]
+        # the native Adam step wrote the last weights into the copy: it holds the master's weights
+        # rounded, as a refresh would leave them (torch's step leaves that to the next refresh)
+        assert (trainer.bf16_copy.fresh_versions is not None) == native
+        if native:
+            for w, c in zip(trainer.bf16_copy.master_params, trainer.bf16_copy.params):
+                assert torch.equal(w.detach().to(c.dtype), c.detach())
         results.append((grads, sum_sq, stats, [p.detach().clone() for p in trainer.trained_params]))
     (g_torch, _, s_torch, w_torch), (g_native, sum_sq, s_native, w_native) = results
     for a, b in zip(g_torch, g_native):
@@ -104,6 +110,26 @@ def test_native_grad_sum_gives_torchs_gradients_and_its_norm_to_rounding(shards)
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
     moved = max(float((a - b).abs().max()) for a, b in zip(w_torch, [p.detach() for p in _trainer("cnn", True)[0].trained_params]))
     assert moved > 1e-4  # the steps themselves move the weights far more than the rounding does
+
+
+def test_a_copy_written_by_the_step_is_cast_again_once_the_master_changes():
+    trainer, cfg, spec = _trainer("cnn", True, native_optimizer=True)
+    trainer.train(_batch(cfg, spec))
+    working = trainer.bf16_copy
+    assert working.fresh_versions is not None
+    casts = []
+    original = torch._foreach_copy_
+    try:
+        torch._foreach_copy_ = lambda *a, **k: casts.append(1) or original(*a, **k)
+        working.refresh()
+        assert casts == []  # nothing changed the master since the step wrote the copy
+        trainer.model.load_state_dict(seeded_model(spec, cfg.model, seed=11).state_dict())  # a resume's load
+        working.refresh()
+        assert casts == [1] and working.fresh_versions is None
+    finally:
+        torch._foreach_copy_ = original
+    for w, c in zip(working.master_params, working.params):
+        assert torch.equal(w.detach().to(c.dtype), c.detach())
 
 
 def test_the_copy_follows_loads_into_the_fp32_weights():

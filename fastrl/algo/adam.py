@@ -17,7 +17,8 @@ import math
 
 import torch
 
-from fastrl.algo.flat_params import FlatParams
+from fastrl.algo.flat_params import FlatParams, memory_flat
+from fastrl_ext import _optim
 
 
 def _fused_kernel_works(device: torch.device) -> bool:
@@ -34,6 +35,50 @@ def _fused_kernel_works(device: torch.device) -> bool:
     return bool(torch.isfinite(p).all()) and float(p) != 0.0
 
 
+class _NativeViews:
+    """The flat numpy views fastrl_ext._optim steps through, built once: parameters, moments and
+    copies keep their memory for the run (checked by address at every step), gradients are new."""
+
+    def __init__(self):
+        self.key = None
+        self.fixed = None
+
+    def jobs(self, adam: "Adam", copies: list) -> list | None:
+        """Per parameter (param, grad, exp_avg, exp_avg_sq, copy) views, None for one without a
+        gradient; None altogether where the native step does not apply."""
+        if _optim is None or adam.flat is not None or len(copies) != len(adam.params):
+            return None
+        key = tuple((p.data_ptr(), c.data_ptr()) for p, c in zip(adam.params, copies))
+        if key != self.key:
+            self.fixed, self.key = self._fixed(adam, copies), key
+        if self.fixed is None:
+            return None
+        jobs = []
+        for p, fixed in zip(adam.params, self.fixed):
+            g = p.grad
+            if g is None:
+                jobs.append(None)
+                continue
+            flat_g = memory_flat(g) if g.dtype == torch.float32 and g.stride() == p.stride() else None
+            if flat_g is None:
+                return None
+            jobs.append((fixed[0], flat_g.numpy(), *fixed[1:]))
+        return jobs
+
+    @staticmethod
+    def _fixed(adam: "Adam", copies: list) -> list | None:
+        fixed = []
+        for p, m, v, c in zip(adam.params, adam.exp_avgs, adam.exp_avg_sqs, copies):
+            if (p.dtype != torch.float32 or p.device.type != "cpu" or c.dtype != torch.bfloat16
+                    or any(t.stride() != p.stride() for t in (m, v, c))):
+                return None
+            views = [memory_flat(t.detach()) for t in (p, m, v, c)]
+            if any(t is None for t in views):
+                return None
+            fixed.append((views[0].numpy(), views[1].numpy(), views[2].numpy(), views[3].view(torch.int16).numpy()))
+        return fixed
+
+
 class Adam:
     def __init__(self, params, lr: float, eps: float = 1e-8, betas: tuple[float, float] = (0.9, 0.999),
                  flat: FlatParams | None = None):
@@ -45,6 +90,7 @@ class Adam:
         if flat is not None and [id(p) for p in flat.params] != [id(p) for p in self.params]:
             raise ValueError("Adam's flat buffer must hold exactly its parameters, in order")
         self.flat = flat
+        self._native = _NativeViews()
         device = self.params[0].device
         self.fused = _fused_kernel_works(device)
         # one group, in torch.optim's layout: the learner sets group["lr"] for its schedule
@@ -81,10 +127,35 @@ class Adam:
                 p.grad.zero_()
 
     @torch.no_grad()
-    def step(self, grad_mul: torch.Tensor | None = None) -> None:
+    def step(self, grad_mul: torch.Tensor | None = None, bf16_copies: list | None = None) -> bool:
         """One update. `grad_mul` (a 0-dim tensor, at most 1: a clip's scale) multiplies the gradients
-        first, in place as the clip would; the fused kernel does it in its own pass, as the divisor it
-        calls grad_scale (the product may differ from `g * grad_mul` in the last bit)."""
+        first; torch's fused kernel does it in place, as the divisor it calls grad_scale (the product
+        may differ from `g * grad_mul` in the last bit).
+
+        `bf16_copies`: one bf16 tensor per parameter (a working copy's layers, fastrl.algo.bf16_copy)
+        to round the new weights into. Where fastrl_ext._optim can take the whole step it does, in one
+        pass per parameter that also writes those copies (the gradients are then left unscaled), and
+        this returns True; otherwise torch steps and the copies are left as they were (False)."""
+        if bf16_copies is not None and self._native_step(grad_mul, bf16_copies):
+            return True
+        self._torch_step(grad_mul)
+        return False
+
+    def _native_step(self, grad_mul: torch.Tensor | None, bf16_copies: list) -> bool:
+        jobs = self._native.jobs(self, bf16_copies)
+        if jobs is None:
+            return False
+        group = self.param_groups[0]
+        lr, eps = float(group["lr"]), float(group["eps"])
+        beta1, beta2 = group["betas"]
+        mul = 1.0 if grad_mul is None else float(grad_mul)
+        live = [(i, job) for i, job in enumerate(jobs) if job is not None]
+        torch._foreach_add_([self.steps[i] for i, _ in live], 1)
+        for i, (p, g, m, v, copy) in live:
+            _optim.adam_step(p, g, m, v, copy, lr, beta1, beta2, eps, float(self.steps[i]), mul)
+        return True
+
+    def _torch_step(self, grad_mul: torch.Tensor | None) -> None:
         group = self.param_groups[0]
         lr, eps = float(group["lr"]), float(group["eps"])
         beta1, beta2 = group["betas"]

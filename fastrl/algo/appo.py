@@ -49,13 +49,14 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
 
 class APPOTrainer:
     def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0, shards: int = 1,
-                 bf16_working_copy: bool = True, native_grad_sum: bool = True):
+                 bf16_working_copy: bool = True, native_optimizer: bool = True):
         """`shards` > 1 (system.learner_shards) runs each sample minibatch, and the batch's no-grad
         forward, as that many pieces on as many threads (fastrl.algo.shards). A bf16 network runs
         its forwards through a bf16 working copy (fastrl.algo.bf16_copy) unless `bf16_working_copy`
         is off, which leaves the casts to autocast (the same gradients; tests compare the two).
-        `native_grad_sum` off keeps the copy's gradient sum and the clip in torch: the same gradients,
-        and a norm whose last bits follow torch's order of summation (tests compare)."""
+        `native_optimizer` off keeps the copy's gradient sum, the clip and Adam in torch; on, they run in
+        fastrl_ext._optim where it is built: the same gradients, and a norm and weights that differ from
+        torch's by rounding (tests compare)."""
         if shards > 1 and cfg.minibatch_unit != "samples":
             raise ValueError("learner shards need algo.minibatch_unit=samples")
         self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag
@@ -68,7 +69,7 @@ class APPOTrainer:
         self.flat = FlatParams(self.trained_params) if FlatParams.supported(self.trained_params) else None
         self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps, flat=self.flat)
         # `net` runs every forward; `model` holds the fp32 weights that Adam updates and others read
-        self.bf16_copy = Bf16WorkingCopy(model, native_grad_sum) if model.bf16 and bf16_working_copy else None
+        self.bf16_copy = Bf16WorkingCopy(model, native_optimizer) if model.bf16 and bf16_working_copy else None
         self.grad_sum_sq = None  # the last gradient's sum of squares, where the copy summed it natively
         self.net = self.bf16_copy.model if self.bf16_copy is not None else model
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
@@ -273,7 +274,11 @@ class APPOTrainer:
                 self.skipped_in_row += 1
                 continue
             self.skipped_in_row = 0
-            self.optimizer.step(grad_mul)
+            copies = self.bf16_copy.params if self.bf16_copy is not None and self.bf16_copy.native else None
+            if grad_mul is None and copies is None:
+                self.optimizer.step()  # any torch.optim-like optimizer (tests swap in torch's reference)
+            elif self.optimizer.step(grad_mul, copies):
+                self.bf16_copy.written_by_step()  # the step rounded the new weights into it: no refresh
             self.policy_version += 1
             if publish is not None:
                 publish()

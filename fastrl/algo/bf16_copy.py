@@ -22,41 +22,35 @@ import copy
 
 import torch
 
+from fastrl.algo.flat_params import memory_flat
 from fastrl.models import ActorCritic
-from fastrl_ext import _grad_sum
-
-
-def _memory_flat(t: torch.Tensor) -> torch.Tensor | None:
-    """A 1-D view of a dense tensor's memory in its own order (channels-last conv weights included)."""
-    if t.is_contiguous():
-        return t.view(-1)
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
-        return t.permute(0, 2, 3, 1).reshape(-1)  # contiguous after the permute: a view, not a copy
-    return None
+from fastrl_ext import _optim
 
 
 def _native_sum(dsts: list, pieces: list) -> float | None:
-    """fastrl_ext._grad_sum over every parameter: the pieces summed into dsts and the sum of the
+    """fastrl_ext._optim over every parameter: the pieces summed into dsts and the sum of the
     squares of everything written; None (nothing written) when some tensor does not suit it."""
-    if _grad_sum is None:
+    if _optim is None:
         return None
     jobs = []
     for dst, present in zip(dsts, pieces):
         if (dst.dtype != torch.float32 or dst.device.type != "cpu" or len(present) > 8
                 or any(g.dtype != torch.bfloat16 or g.stride() != dst.stride() for g in present)):
             return None
-        flat_dst, flat_pieces = _memory_flat(dst), [_memory_flat(g) for g in present]
+        flat_dst, flat_pieces = memory_flat(dst), [memory_flat(g) for g in present]
         if flat_dst is None or any(g is None for g in flat_pieces):
             return None
         jobs.append((flat_dst.numpy(), [g.view(torch.int16).numpy() for g in flat_pieces]))
-    return sum(_grad_sum.sum_pieces(dst, flat_pieces) for dst, flat_pieces in jobs)
+    return sum(_optim.sum_pieces(dst, flat_pieces) for dst, flat_pieces in jobs)
 
 
 class Bf16WorkingCopy:
-    def __init__(self, master: ActorCritic, native_sum: bool = True):
-        """`native_sum`: sum the gradient pieces with fastrl_ext._grad_sum where it is built (the same
-        bits as torch's cast and add, and the sum of squares on the way; see set_master_grads)."""
-        self.native_sum = native_sum
+    def __init__(self, master: ActorCritic, native: bool = True):
+        """`native`: sum the gradient pieces with fastrl_ext._optim where it is built (the same bits as
+        torch's cast and add, and the sum of squares on the way; see set_master_grads), and let the
+        optimizer's native step write the new weights into the copy (see written_by_step)."""
+        self.native = native
+        self.fresh_versions = None  # see written_by_step
         if not master.bf16:
             raise ValueError("a bf16 working copy is for a network that runs in bf16 (model.precision=bf16)")
         self.master_params = [p for p in master.parameters() if p.requires_grad]
@@ -75,8 +69,19 @@ class Bf16WorkingCopy:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Round the master's current weights into the copy (after every optimizer step, or a load)."""
+        """Round the master's current weights into the copy (after every optimizer step, or a load),
+        unless the step itself wrote them there and nothing has changed the master since."""
+        if self.fresh_versions is not None and self.fresh_versions == [p._version for p in self.master_params]:
+            return
+        self.fresh_versions = None
         torch._foreach_copy_(self.params, self.master_params)
+
+    def written_by_step(self) -> None:
+        """The optimizer has just rounded the master's new weights into the copy (Adam.step's
+        `bf16_copies`). Its kernel writes raw memory, which leaves the master's version counters as they
+        were; any later change through torch (a checkpoint load, a torch step) bumps one, and the next
+        refresh then casts again."""
+        self.fresh_versions = [p._version for p in self.master_params]
 
     def gradients(self, loss: torch.Tensor) -> tuple:
         """d loss / d the copy's parameters (bf16 for the layers; None for a parameter the loss
@@ -91,7 +96,7 @@ class Bf16WorkingCopy:
         stay attached; a missing one gets the parameter's own memory layout, as autograd gives it. A
         parameter no piece reached keeps what zero_grad left, as after `backward()`.
 
-        Returns the sum of the squares of every `.grad` value set, when fastrl_ext._grad_sum did the
+        Returns the sum of the squares of every `.grad` value set, when fastrl_ext._optim did the
         sum (one pass over the pieces instead of torch's cast-copy and add, and the clip's norm
         without another read: the Pong CNN's 1.7M gradients cost ~1.3 CPU-ms per step in torch);
         None when torch did, and the clip then reads the gradients for its norm."""
@@ -104,7 +109,7 @@ class Bf16WorkingCopy:
                 p.grad = torch.empty_like(p, memory_format=torch.preserve_format)
             dsts.append(p.grad)
             present_pieces.append(present)
-        if self.native_sum:
+        if self.native:
             sum_sq = _native_sum(dsts, present_pieces)
             if sum_sq is not None:
                 return sum_sq

@@ -20,6 +20,16 @@ from __future__ import annotations
 import torch
 
 
+def memory_flat(t: torch.Tensor) -> torch.Tensor | None:
+    """A 1-D view of one dense tensor's memory in its own order (a channels-last conv weight's too),
+    for kernels that work element by element on several tensors laid out alike; None if strided."""
+    if t.is_contiguous():
+        return t.view(-1)
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return t.permute(0, 2, 3, 1).reshape(-1)  # contiguous after the permute: a view, not a copy
+    return None
+
+
 class FlatParams:
     def __init__(self, params: list[torch.nn.Parameter]):
         if not self.supported(params):

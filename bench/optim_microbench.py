@@ -1,13 +1,15 @@
 """The learner's work between a bf16 backward and the next forward, in torch against with
-fastrl_ext._grad_sum (fastrl.algo.bf16_copy), CPU ms per optimizer step, 1 thread, alternated.
+fastrl_ext._optim (fastrl.algo.bf16_copy, fastrl.algo.adam), CPU ms per optimizer step, 1 thread,
+alternated.
 
-    python bench/grad_sum_microbench.py [--config configs/atari_pong.yaml] [--pieces 2] [--rounds 25]
-    python bench/grad_sum_microbench.py --learner [--config configs/atari_pong.yaml] [--rounds 15]
+    python bench/optim_microbench.py [--config configs/atari_pong.yaml] [--pieces 2] [--rounds 25]
+    python bench/optim_microbench.py --learner [--config configs/atari_pong.yaml] [--rounds 15]
 
-torch: the pieces cast-copied and added into the fp32 .grad, the clip's norm and scale, Adam.
-fastrl_ext: the pieces summed with their sum of squares in one pass, Adam applying the clip's scale.
-Both then refresh the bf16 copy. Caches are evicted before each step, as the backward that precedes
-it leaves them. With `--learner`, the preset's whole learner (as `fastrl bench`'s learn stage sets it
+torch: the pieces cast-copied and added into the fp32 .grad, the clip's norm and scale, Adam (its
+fused kernel), then the bf16 copy refreshed from the new weights. fastrl_ext: the pieces summed with
+their sum of squares in one pass, then one Adam pass that applies the clip's scale and writes the
+new weights into the bf16 copy too (its refresh is then a no-op). Caches are evicted before each
+step, as the backward that precedes it leaves them. With `--learner`, the preset's whole learner (as `fastrl bench`'s learn stage sets it
 up) trains its synthetic batch with the native sum off and on in alternate rounds: CPU s per batch.
 """
 
@@ -27,14 +29,14 @@ from fastrl.config.hardware import resolve_auto, with_precision
 from fastrl.envs import resolve_env
 from fastrl.workers.learner import build_learner_model
 from fastrl.workers.process import keep_freed_heap
-from fastrl_ext import _grad_sum
+from fastrl_ext import _optim
 
 
 def step_ab(cfg, spec, pieces_count: int, rounds: int) -> None:
     model = build_learner_model(spec, cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     adam = Adam(params, lr=cfg.algo.lr, eps=cfg.algo.adam_eps)
-    copies = {"torch": Bf16WorkingCopy(model, native_sum=False), "fastrl_ext": Bf16WorkingCopy(model, native_sum=True)}
+    copies = {"torch": Bf16WorkingCopy(model, native=False), "fastrl_ext": Bf16WorkingCopy(model, native=True)}
     gen = torch.Generator().manual_seed(0)
     pieces = [tuple(torch.randn(p.shape, generator=gen).to(torch.bfloat16).to(memory_format=_layout(q)) * 0.01
                     for p, q in zip(params, copies["torch"].params)) for _ in range(pieces_count)]
@@ -49,7 +51,8 @@ def step_ab(cfg, spec, pieces_count: int, rounds: int) -> None:
 
     def native_step(copy):
         sum_sq = copy.set_master_grads(pieces)
-        adam.step(clip_scale(torch.tensor(sum_sq ** 0.5, dtype=torch.float32), max_norm))
+        if adam.step(clip_scale(torch.tensor(sum_sq ** 0.5, dtype=torch.float32), max_norm), copy.params):
+            copy.written_by_step()
         copy.refresh()
 
     steps = {"torch": torch_step, "fastrl_ext": native_step}
@@ -63,7 +66,7 @@ def step_ab(cfg, spec, pieces_count: int, rounds: int) -> None:
             if round_:
                 cpu_ms[name].append(1e3 * (time.thread_time() - started))
     n = sum(p.numel() for p in params)
-    print(f"{n:,} parameters, {pieces_count} bf16 piece(s), fastrl_ext._grad_sum as {_grad_sum.ISA}; "
+    print(f"{n:,} parameters, {pieces_count} bf16 piece(s), fastrl_ext._optim as {_optim.ISA}; "
           f"CPU ms per optimizer step (grad sum, clip, Adam, copy refresh), medians of {rounds} alternated rounds")
     for name, values in cpu_ms.items():
         print(f"  {name:<11} {statistics.median(values):7.3f}")
@@ -85,7 +88,7 @@ def learner_ab(cfg, spec, rounds: int) -> None:
     cpu_s: dict[str, list] = {"torch": [], "fastrl_ext": []}
     for round_ in range(rounds + 1):  # round 0 warms both up and is not counted
         for name in cpu_s:
-            trainer.bf16_copy.native_sum = name == "fastrl_ext"
+            trainer.bf16_copy.native = name == "fastrl_ext"
             batch["policy_version"].fill_(trainer.policy_version)
             started = time.process_time()
             trainer.train(batch)

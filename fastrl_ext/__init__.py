@@ -33,9 +33,11 @@ the reference (tests/test_native_steps.py and tests/test_serial.py hold them to 
 one pass, float32 or bf16; torch's three passes are the reference (tests/test_frames.py), checked for
 every byte value before first use. Used by `fastrl.models.frames` for contiguous CPU frames.
 
-`_optim`: the learner's bf16 gradient pieces (one per shard) summed into a parameter's float32
-`.grad` with the sum of squares the clip's norm needs, in one pass; torch's cast-copy and add are the
-reference (tests/test_bf16_copy.py holds them to the same bits). Used by `fastrl.algo.bf16_copy`.
+`_optim`: the learner's optimizer step through a bf16 working copy: the shards' bf16 gradient pieces
+summed into the float32 `.grad` with the clip's sum of squares, and Adam with the clip's scale that
+also rounds the new weights into the copy, one pass each; torch's cast-copy and add, clip, fused Adam
+and refresh cast are the references (tests/test_optim.py, tests/test_bf16_copy.py). Used by
+`fastrl.algo.bf16_copy` and `fastrl.algo.adam`.
 """
 
 try:

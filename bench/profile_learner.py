@@ -5,9 +5,11 @@
 Trains the preset's network with its optimizer settings on `fastrl bench`'s synthetic batch (the
 learn stage's), wrapping each phase of `APPOTrainer.train` in a timer: the network's forward, the
 distribution's log-prob and entropy, V-trace, the loss, backward, gradient clipping, Adam; "other"
-is the rest of the loop (minibatch gathers, statistics, the generator). Figures are wall
-microseconds per optimizer step, medians over batches; the learner's torch threads and heap setting
-as configured. The last line gives page faults and system time per batch (`--set
+is the rest of the loop (minibatch gathers, statistics, the generator). Through a bf16 working copy
+(fastrl.algo.bf16_copy) "backward" is its autograd.grad, "grad_sum" the pieces summed into the fp32
+gradients and "refresh" the copy's cast. Figures are wall microseconds per optimizer step, medians
+over batches; the learner's torch threads and heap setting as configured. With learner shards the
+phases of the two threads overlap and add up (`--set system.learner_shards=1` to attribute). The last line gives page faults and system time per batch (`--set
 system.heap_keep_mib=0` shows glibc's defaults).
 Timings on 2 shared cores drift by 20% between processes: compare variants in one run of this
 script only through `--set`, or with `fastrl bench`'s learn stage via bench/side_by_side.py.
@@ -29,7 +31,7 @@ from fastrl.config.hardware import resolve_auto
 from fastrl.config.loader import load_config
 from fastrl.envs.spec import resolve_env
 
-PHASES = ("forward", "log_prob", "entropy", "vtrace", "loss", "backward", "clip", "adam")
+PHASES = ("forward", "log_prob", "entropy", "vtrace", "loss", "backward", "grad_sum", "clip", "adam", "refresh")
 
 
 def timed(spent: dict, phase: str, fn):
@@ -53,16 +55,22 @@ def main() -> None:
     trainer, batch = learner_on_synthetic_batch(cfg, spec)
 
     spent: dict[str, float] = defaultdict(float)
-    model, optimizer = trainer.model, trainer.optimizer
-    model.forward = timed(spent, "forward", model.forward)
-    model.log_prob = timed(spent, "log_prob", model.log_prob)
-    model.entropy = timed(spent, "entropy", model.entropy)
+    net, optimizer = trainer.net, trainer.optimizer  # net: the bf16 working copy where there is one
+    net.forward = timed(spent, "forward", net.forward)
+    net.log_prob = timed(spent, "log_prob", net.log_prob)
+    net.entropy = timed(spent, "entropy", net.entropy)
     optimizer.step = timed(spent, "adam", optimizer.step)
+    copy = trainer.bf16_copy
+    if copy is not None:  # its gradients are taken with autograd.grad, not backward()
+        copy.gradients = timed(spent, "backward", copy.gradients)
+        copy.set_master_grads = timed(spent, "grad_sum", copy.set_master_grads)
+        copy.refresh = timed(spent, "refresh", copy.refresh)
     # the trainer looks these up in its module at call time
-    originals = {name: getattr(appo, name) for name in ("vtrace", "appo_loss", "clip_grad_norm")}
+    originals = {name: getattr(appo, name) for name in ("vtrace", "appo_loss", "clip_grad_norm", "clip_scale")}
     appo.vtrace = timed(spent, "vtrace", originals["vtrace"])
     appo.appo_loss = timed(spent, "loss", originals["appo_loss"])
     appo.clip_grad_norm = timed(spent, "clip", originals["clip_grad_norm"])
+    appo.clip_scale = timed(spent, "clip", originals["clip_scale"])
     backward = torch.Tensor.backward
     torch.Tensor.backward = timed(spent, "backward", backward)
 

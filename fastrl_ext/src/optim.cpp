@@ -40,46 +40,71 @@ __attribute__((always_inline)) inline float widen(uint16_t bits) {
     return f;
 }
 
-__attribute__((always_inline)) inline double sum_into(float* dst, const uint16_t* const* pieces, int count,
-                                                     int64_t n) {
+// one or two pieces (one or two learner shards): the inner loop has no trip count to test, and 16
+// independent float64 accumulators let it vectorise without reassociating a sum
+template <int kCount>
+__attribute__((always_inline)) inline double sum_fixed(float* __restrict__ dst, const uint16_t* const* pieces,
+                                                      int64_t n) {
+    const uint16_t* __restrict__ a = pieces[0];
+    const uint16_t* __restrict__ b = pieces[kCount - 1];
     double acc[kLanes] = {};
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
         for (int j = 0; j < kLanes; ++j) {
-            float s = widen(pieces[0][i + j]);
-            for (int k = 1; k < count; ++k) s += widen(pieces[k][i + j]);
+            float s = widen(a[i + j]);
+            if constexpr (kCount == 2) s += widen(b[i + j]);
             dst[i + j] = s;
             acc[j] += static_cast<double>(s) * s;
         }
     }
     for (; i < n; ++i) {
-        float s = widen(pieces[0][i]);
-        for (int k = 1; k < count; ++k) s += widen(pieces[k][i]);
+        float s = widen(a[i]);
+        if constexpr (kCount == 2) s += widen(b[i]);
         dst[i] = s;
         acc[0] += static_cast<double>(s) * s;
     }
     double total = 0.0;
-    for (double a : acc) total += a;
+    for (double x : acc) total += x;
     return total;
 }
 
-// two pieces (two learner shards) get their own instance: a fixed inner loop the compiler unrolls
-template <int kCount>
-__attribute__((always_inline)) inline double sum_fixed(float* dst, const uint16_t* const* pieces, int64_t n) {
-    return sum_into(dst, pieces, kCount, n);
+// more pieces (more shards than this 2-core box runs): the first two, then one pass per further piece
+// in order (the same float32 sums), then the squares
+__attribute__((always_inline)) inline double sum_any(float* __restrict__ dst, const uint16_t* const* pieces, int count,
+                                                    int64_t n) {
+    double total = sum_fixed<2>(dst, pieces, n);
+    if (count == 2) return total;
+    for (int k = 2; k < count; ++k) {
+        const uint16_t* __restrict__ piece = pieces[k];
+        for (int64_t i = 0; i < n; ++i) dst[i] += widen(piece[i]);
+    }
+    double acc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        for (int j = 0; j < kLanes; ++j) acc[j] += static_cast<double>(dst[i + j]) * dst[i + j];
+    }
+    for (; i < n; ++i) acc[0] += static_cast<double>(dst[i]) * dst[i];
+    total = 0.0;
+    for (double x : acc) total += x;
+    return total;
+}
+
+__attribute__((always_inline)) inline double sum_pieces_into(float* dst, const uint16_t* const* pieces, int count,
+                                                            int64_t n) {
+    return count == 1 ? sum_fixed<1>(dst, pieces, n) : sum_any(dst, pieces, count, n);
 }
 
 using SumFn = double (*)(float*, const uint16_t* const*, int, int64_t);
 
 double sum_default(float* dst, const uint16_t* const* pieces, int count, int64_t n) {
-    return count == 2 ? sum_fixed<2>(dst, pieces, n) : sum_into(dst, pieces, count, n);
+    return sum_pieces_into(dst, pieces, count, n);
 }
 #if FASTRL_X86_VARIANTS
 FASTRL_TARGET_AVX2 double sum_avx2(float* dst, const uint16_t* const* pieces, int count, int64_t n) {
-    return count == 2 ? sum_fixed<2>(dst, pieces, n) : sum_into(dst, pieces, count, n);
+    return sum_pieces_into(dst, pieces, count, n);
 }
 FASTRL_TARGET_AVX512 double sum_avx512(float* dst, const uint16_t* const* pieces, int count, int64_t n) {
-    return count == 2 ? sum_fixed<2>(dst, pieces, n) : sum_into(dst, pieces, count, n);
+    return sum_pieces_into(dst, pieces, count, n);
 }
 const SumFn sum_variants[] = {sum_default, sum_avx2, sum_avx512};
 #else

@@ -23,9 +23,7 @@ import tempfile
 from pathlib import Path
 
 from fastrl.bench.measure import headline_rate
-
-RATE_KEYS = {"env": "env_steps_per_s", "infer": "samples_per_s", "learn": "samples_per_s",
-             "sample": "env_steps_per_s", "train": "env_steps_per_s"}
+from fastrl.bench.rounds import RATE_KEYS
 
 
 def run_bench(config: str, overrides: list, seconds: int, stages: list, tree: str | None = None) -> dict:

@@ -97,7 +97,7 @@ def learner_ab(cfg, spec, rounds: int) -> None:
     ratios = [b / a for a, b in zip(cpu_s["torch"], cpu_s["fastrl_ext"])]
     print(f"learner CPU s per batch ({cfg.system.learner_shards} shard(s)), medians of {rounds} alternated rounds")
     for name, values in cpu_s.items():
-        print(f"  gradient sum by {name:<11} {statistics.median(values):.4f}")
+        print(f"  optimizer step by {name:<11} {statistics.median(values):.4f}")
     print(f"  fastrl_ext / torch per round: {' '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}")
 
 

@@ -96,6 +96,11 @@ def main() -> None:
         b, a = statistics.median(values["before"]), statistics.median(values["after"])
         medians[key] = {"before": b, "after": a}
         print(f"{key:<34}{b:>12,.3f}{a:>12,.3f}{a / b if b else float('nan'):>13.3f}x")
+    # each round's after/before, for the keys that move most with the host's drift
+    for key in ("train", "sample", "train_cpu_ms_per_env_step"):
+        pairs = [(b.get(key), a.get(key)) for b, a in zip(rows["before"], rows["after"])]
+        if pairs and all(b and a for b, a in pairs):
+            print(f"{key + ' per round':<34}" + " ".join(f"{a / b:.3f}" for b, a in pairs))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "medians": medians, "runs": runs}, indent=1))
 

@@ -1,6 +1,7 @@
 """Where the learner's time goes per optimizer step, by phase, at a preset's sizes (1 process, no workers).
 
     python bench/profile_learner.py --config configs/cartpole.yaml [--set algo.native_loss=false] [--seconds 10]
+    python bench/profile_learner.py --config configs/atari_pong.yaml --set system.learner_shards=1 [--torch-optimizer]
 
 Trains the preset's network with its optimizer settings on `fastrl bench`'s synthetic batch (the
 learn stage's), wrapping each phase of `APPOTrainer.train` in a timer: the network's forward, the
@@ -49,10 +50,14 @@ def main() -> None:
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--torch-optimizer", action="store_true",
+                        help="a bf16 working copy's gradient sum, clip and Adam in torch, not fastrl_ext._optim")
     args = parser.parse_args()
     cfg = resolve_auto(load_config(args.config, args.overrides))
     spec = resolve_env(cfg.env)
     trainer, batch = learner_on_synthetic_batch(cfg, spec)
+    if args.torch_optimizer and trainer.bf16_copy is not None:
+        trainer.bf16_copy.native = False
 
     spent: dict[str, float] = defaultdict(float)
     net, optimizer = trainer.net, trainer.optimizer  # net: the bf16 working copy where there is one

@@ -157,8 +157,9 @@ class SharedWeights:
         """Load the published weights straight from shared memory into `module`'s tensors, each cast
         to its own dtype; return their version, or None (module untouched) if a write is in progress.
 
-        Without the staging copy a refresh of Pong's CNN into bf16 layers costs 0.86 CPU-ms instead
-        of 1.58 (caches cold, as they are between an inference worker's refreshes; ~30 a second).
+        Without the staging copy a refresh of Pong's CNN into bf16 layers costs 0.65 CPU-ms instead
+        of 1.22 (bench/weights_microbench.py, caches cold as they are between an inference worker's
+        refreshes; ~30 a second in training).
         The price: a copy the learner overwrote meanwhile has already landed in the module, so it is
         read again, whole, once the write in progress ends (a publication takes ~1 ms). A learner
         that dies mid-write would leave the module torn: after `deadline_s` this raises instead.

@@ -90,16 +90,23 @@ class RunProcess:
     def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())
 
-    def leftover_children(self) -> list[int]:
-        alive = []
-        for pid in self.children:
-            try:
-                p = psutil.Process(pid)
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        return alive
+    def leftover_children(self, grace_s: float = 3.0) -> list[int]:
+        """Children still running `grace_s` after the run exited. The grace is for multiprocessing's
+        resource tracker, which exits once it reads EOF from the parent's pipe: on a loaded box that
+        can come a moment after the parent's exit (seen once in ~10 SIGTERM runs beside a training run)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            alive = []
+            for pid in self.children:
+                try:
+                    p = psutil.Process(pid)
+                    if p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(pid)
+                except psutil.NoSuchProcess:
+                    pass
+            if not alive or time.monotonic() >= deadline:
+                return alive
+            time.sleep(0.1)
 
     def leftover_segments(self) -> list[str]:
         return [p.name for p in Path("/dev/shm").glob(f"fastrl.{self.proc.pid}.*")]

@@ -100,7 +100,7 @@ def main() -> None:
     for key in ("train", "sample", "train_cpu_ms_per_env_step"):
         pairs = [(b.get(key), a.get(key)) for b, a in zip(rows["before"], rows["after"])]
         if pairs and all(b and a for b, a in pairs):
-            print(f"{key + ' per round':<34}" + " ".join(f"{a / b:.3f}" for b, a in pairs))
+            print(f"{key + ' after/before per round':<48}" + " ".join(f"{a / b:.3f}" for b, a in pairs))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "medians": medians, "runs": runs}, indent=1))
 

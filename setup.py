@@ -9,6 +9,7 @@ RECORD_CORE = "fastrl_ext/src/record_core.h"  # the recording arithmetic, shared
 ACTING_API = "fastrl_ext/src/acting_api.h"    # what _acting's capsule hands _rollout
 TANH_ROW = "fastrl_ext/src/tanh_row.h"        # the vectorisable tanh of _acting and _activations
 ISA = "fastrl_ext/src/isa.h"                  # their instruction-set variant, picked at import
+BF16 = "fastrl_ext/src/bf16.h"                # float32 -> bf16 rounding, shared by _frames and _optim
 
 
 def native_module(name: str, depends: list = (), optimize: str = "-O2", flags: list = ()) -> Extension:
@@ -30,9 +31,9 @@ setup(
         # the learner's tanh: the same loop and flags as _acting's
         native_module("activations", [*LEARNER_HEADERS, TANH_ROW, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
         # the CNN's input from uint8 frames (cast, scale, relayout in one pass), vectorised the same way
-        native_module("frames", [*LEARNER_HEADERS, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
+        native_module("frames", [*LEARNER_HEADERS, ISA, BF16], optimize="-O3", flags=["-fno-trapping-math"]),
         # the learner's bf16 gradient pieces into the fp32 .grad, with its sum of squares, vectorised the same way
-        native_module("optim", [*LEARNER_HEADERS, ISA], optimize="-O3", flags=["-fno-trapping-math", "-fno-math-errno"]),
+        native_module("optim", [*LEARNER_HEADERS, ISA, BF16], optimize="-O3", flags=["-fno-trapping-math", "-fno-math-errno"]),
         # the rollout worker's steps between slot boundaries: record_core.h's arithmetic under the same
         # flag as _record (same bits), and _acting's kernel through its capsule (its own flags)
         native_module("rollout", [*LEARNER_HEADERS, RECORD_CORE, ACTING_API], flags=["-ffp-contract=off"]),

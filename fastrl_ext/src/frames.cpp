@@ -13,6 +13,7 @@
 //     out = frames * float32(1/255), rounded to bf16 to nearest even for a bf16 out
 // The product is the one torch's `x.mul_(1.0 / 255.0)` computes on the cast frames (float32 opmath,
 // then one rounding); fastrl.models.frames checks all 256 values against torch before first use.
+#include "bf16.h"
 #include "buffer_view.h"
 #include "isa.h"
 
@@ -24,18 +25,11 @@ using View = fastrl_ext::BufferView;
 
 constexpr float kScale = static_cast<float>(1.0 / 255.0);
 
-__attribute__((always_inline)) inline uint16_t bf16_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even (the inputs are finite)
-    return static_cast<uint16_t>(u >> 16);
-}
-
 template <typename Out>
 __attribute__((always_inline)) inline Out convert(uint8_t v) {
     const float f = static_cast<float>(v) * kScale;
     if constexpr (sizeof(Out) == 2) {
-        return bf16_bits(f);
+        return fastrl_ext::bf16_bits(f);
     } else {
         return f;
     }

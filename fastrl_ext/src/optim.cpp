@@ -20,6 +20,7 @@
 //     per element in float32, the scalars computed once in float64; it agrees with torch's fused
 //     kernel to rounding (tests/test_optim.py). The new param is rounded to bf16 (to nearest even)
 //     into `copy`, which spares the working copy its refresh pass.
+#include "bf16.h"
 #include "buffer_view.h"
 #include "isa.h"
 
@@ -157,15 +158,6 @@ PyObject* py_sum_pieces(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return PyFloat_FromDouble(total);
 }
 
-// branch-free, so that the Adam loop that calls it still vectorises
-__attribute__((always_inline)) inline uint16_t bf16_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;  // to nearest even
-    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;                 // stays a quiet NaN, as torch rounds it
-    return static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
-}
-
 struct AdamScalars {
     float one_minus_beta1, beta2, one_minus_beta2, step_size, bias_correction2_sqrt, eps, grad_mul;
 };
@@ -184,7 +176,7 @@ __attribute__((always_inline)) inline void adam_loop(float* __restrict__ p, cons
         const float denom = std::sqrt(vi) / s.bias_correction2_sqrt + s.eps;
         const float pi = p[i] - s.step_size * mi / denom;
         p[i] = pi;
-        if constexpr (kCopy) copy[i] = bf16_bits(pi);
+        if constexpr (kCopy) copy[i] = fastrl_ext::bf16_bits(pi);
     }
 }
 

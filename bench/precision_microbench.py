@@ -40,8 +40,7 @@ def time_precision(cfg, spec, precision: str, batch: int, repeats: int) -> tuple
     torch.manual_seed(0)
     model = build_learner_model(spec, cfg)
     adam = Adam(model.parameters(), lr=1e-4, eps=1e-5)
-    actor = seeded_model(spec, cfg.model, 0).eval().use_channels_last()
-    actor.hold_layer_weights_in_bf16()  # a no-op in fp32
+    actor = seeded_model(spec, cfg.model, 0).for_inference()
     obs = observations(spec, batch)
     train_s, infer_s = [], []
     for _ in range(repeats + 1):  # the first call of each warms oneDNN's kernels up and is dropped

@@ -34,8 +34,7 @@ def main() -> None:
     cfg = load_config(args.config)
     spec = resolve_env(cfg.env)
     learner_model = seeded_model(spec, cfg.model, 1).use_channels_last()
-    worker_model = seeded_model(spec, cfg.model, 2).eval().use_channels_last()
-    worker_model.hold_layer_weights_in_bf16()
+    worker_model = seeded_model(spec, cfg.model, 2).for_inference()
     alloc = ShmAllocator()
     try:
         weights = SharedWeights.allocate(alloc, learner_model)

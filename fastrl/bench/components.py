@@ -191,7 +191,7 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
             policy.act(obs_np, rng)
             return batch
     else:
-        model.hold_layer_weights_in_bf16()  # as a worker acting with torch holds them (a no-op in fp32)
+        model.for_inference()  # as a worker acting with torch holds it (bf16 layers; a no-op in fp32)
 
         def step() -> int:
             with torch.inference_mode():

@@ -9,9 +9,9 @@ import time
 import torch
 
 from fastrl.bench.components import bench_env, bench_infer, bench_learn
-from fastrl.bench.measure import available_cores, headline_rate
+from fastrl.bench.measure import available_cores
 from fastrl.bench.report import SCHEMA_VERSION, STAGES, Progress, summarize
-from fastrl.bench.rounds import combine_rounds
+from fastrl.bench.rounds import combine_rounds, stage_rate
 from fastrl.bench.system import bench_system
 from fastrl.config.checks import envs_per_split
 from fastrl.config.schema import Config
@@ -61,12 +61,10 @@ def run_bench(cfg: Config, spec: EnvSpec, config_path: str | None, overrides: li
 def _run_stage(stage: str, cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) -> tuple[dict, str]:
     if stage == "env":
         out = bench_env(cfg, spec, seconds, progress).as_dict("env_steps")
-        return out, f"{out['env_steps_per_s']['median']:,.0f} env steps/s"
-    if stage == "infer":
-        out = bench_infer(cfg, spec, seconds, progress).as_dict("samples")
-        return out, f"{out['samples_per_s']['median']:,.0f} samples/s"
-    if stage == "learn":
-        out = bench_learn(cfg, spec, seconds, progress).as_dict("samples")
-        return out, f"{out['samples_per_s']['median']:,.0f} samples/s"
-    out = bench_system(cfg, spec, seconds, progress, discard=(stage == "sample"))
-    return out, f"{headline_rate(out['env_steps_per_s']):,.0f} env steps/s"
+    elif stage in ("infer", "learn"):
+        bench = bench_infer if stage == "infer" else bench_learn
+        out = bench(cfg, spec, seconds, progress).as_dict("samples")
+    else:
+        out = bench_system(cfg, spec, seconds, progress, discard=(stage == "sample"))
+    unit = "samples/s" if stage in ("infer", "learn") else "env steps/s"
+    return out, f"{stage_rate(stage, out):,.0f} {unit}"

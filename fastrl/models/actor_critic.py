@@ -107,6 +107,14 @@ class ActorCritic(nn.Module):
             self.to(memory_format=torch.channels_last)
         return self
 
+    def for_inference(self) -> ActorCritic:
+        """This network as an inference worker runs it: eval mode, channels-last, the conv and linear
+        weights held in bf16 (a no-op in fp32). The worker takes these steps apart (it may publish the
+        fp32 network first, fastrl.workers.acting); benchmarks call this, so they time what it runs."""
+        self.eval().use_channels_last()
+        self.hold_layer_weights_in_bf16()
+        return self
+
     def hold_layer_weights_in_bf16(self) -> None:
         """Keep the conv and linear weights in bf16, the copies autocast would otherwise make from
         fp32 at every forward (40% of a batch-16 Pong forward in the profiler, mostly the 1.6M-weight

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from fastrl.bench.measure import headline_rate
+from fastrl.bench.report import cpu_ms_per_env_step
 from fastrl.bench.rounds import RATE_KEYS
 
 
@@ -58,10 +59,7 @@ def summary_row(doc: dict) -> dict:
     # what an env step trained cost the machine, whole tree and by role: steadier than the rate on a
     # host whose speed drifts between rounds, since a slower round is slower for every process alike
     if train.get("processes") and row.get("train"):
-        per_step = {}
-        for proc in train["processes"]:
-            role = proc["name"].removeprefix("fastrl-").split("-")[0]
-            per_step[role] = per_step.get(role, 0.0) + proc["cpu_percent"] / 100 / row["train"] * 1e3
+        per_step = cpu_ms_per_env_step(train)
         row["train_cpu_ms_per_env_step"] = train["cpu_percent_total"] / 100 / row["train"] * 1e3
         row.update({f"{role}_cpu_ms_per_env_step": v for role, v in per_step.items()})
     return row

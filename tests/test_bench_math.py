@@ -118,6 +118,54 @@ def test_summarize_computes_bound_efficiency_and_table():
     assert "1 thread" not in table
 
 
+def _costed_result(processes: list, sample_processes: list) -> dict:
+    """Pong-like stages (2 epochs) whose train and sample stages ran `processes` (name, CPU %)."""
+    def stage(rate, procs, trains):
+        return dict(_system_stage(0.9, 0.3, 0.5, sum(c for _, c in procs), trains),
+                    env_steps_per_s={"median": rate, "min": 1, "max": 1, "windows": 3, "overall": rate},
+                    processes=[{"name": f"fastrl-{n}", "cpu_percent": c, "rss_mib": 1.0, "pss_mib": 1.0}
+                               for n, c in procs])
+    return {"config": "x.yaml", "env_id": "Pong-v5", "cores": 2, "frames_per_env_step": 4,
+            "counts": {"epochs": 2}, "stages": {
+                "env": {"env_steps_per_s": {"median": 5000.0, "min": 1, "max": 1, "windows": 3},
+                        "env_steps_per_core_s": 2500.0},
+                "infer": {"samples_per_s": {"median": 7500.0, "min": 1, "max": 1, "windows": 3},
+                          "samples_per_core_s": 7500.0, "batch": 32},
+                "learn": {"samples_per_s": {"median": 3000.0, "min": 1, "max": 1, "windows": 3},
+                          "samples_per_core_s": 2000.0, "batch_size": 1024, "epochs": 2},
+                "train": stage(1000.0, processes, True), "sample": stage(3000.0, sample_processes, False)}}
+
+
+def test_cpu_costs_split_the_efficiency_into_cost_ratio_and_cores_used():
+    result = _costed_result([("rollout-0", 25.0), ("rollout-1", 25.0), ("inference-0", 23.0), ("learner", 120.0)],
+                            [("rollout-0", 66.0), ("rollout-1", 66.0), ("inference-0", 55.0), ("learner", 0.3)])
+    summarize(result)
+    train = result["stages"]["train"]["cpu_costs"]
+    # the bound charges 1/2500 s for the env, 1/7500 for the forward and 2 epochs / 2000 for the learner
+    assert train["bound_ms"] == pytest.approx({"rollout": 0.4, "inference": 0.1333, "learner": 1.0}, abs=1e-4)
+    assert train["run_ms"] == pytest.approx({"rollout": 0.5, "inference": 0.23, "learner": 1.2}, abs=1e-4)
+    assert train["cores_used_fraction"] == pytest.approx(0.965)
+    for name in ("train", "sample"):
+        costs = result["stages"][name]["cpu_costs"]
+        assert costs["cost_ratio"] * costs["cores_used_fraction"] == pytest.approx(result["efficiency"][name], abs=2e-3)
+    assert result["stages"]["sample"]["cpu_costs"]["bound_ms"]["learner"] == 0.0
+    line = next(x for x in format_table(result).splitlines() if "run / bound" in x and "learner 1.200" in x)
+    assert "rollout workers 0.500 / 0.400" in line and "cores used 96%" in line and "= 77% of the bound" in line
+
+
+def test_cpu_costs_charge_rollout_workers_that_act_for_both_env_and_forward():
+    result = _costed_result([("rollout-0", 50.0), ("rollout-1", 50.0), ("learner", 90.0)],
+                            [("rollout-0", 95.0), ("rollout-1", 95.0)])
+    summarize(result)
+    costs = result["stages"]["train"]["cpu_costs"]
+    assert set(costs["bound_ms"]) == {"rollout", "learner"}
+    assert costs["bound_ms"]["rollout"] == pytest.approx(0.4 + 0.1333, abs=1e-4)
+    assert costs["cost_ratio"] * costs["cores_used_fraction"] == pytest.approx(result["efficiency"]["train"], abs=2e-3)
+    del result["stages"]["env"], result["stages"]["train"]["cpu_costs"]
+    summarize(result)  # without the env stage there is no bound to compare with
+    assert "cpu_costs" not in result["stages"]["train"]
+
+
 def test_two_thread_learner_prints_both_per_core_rates():
     result = {"config": "x.yaml", "env_id": "Pong-v5", "cores": 2, "frames_per_env_step": 4,
               "counts": {"epochs": 2}, "stages": {

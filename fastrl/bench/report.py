@@ -48,6 +48,47 @@ def bottleneck(stage: dict, cores: int) -> str:
             f"processes use {cpu:.0f}% CPU of {100 * cores}%")
 
 
+def cpu_ms_per_env_step(stage: dict) -> dict[str, float]:
+    """CPU ms that each role's processes (rollout, inference, learner) spent per env step of a sample
+    or train stage, from their CPU use and the stage's rate; empty if nothing was counted."""
+    rate = headline_rate(stage["env_steps_per_s"])
+    costs: dict[str, float] = {}
+    if rate <= 0:
+        return costs
+    for proc in stage.get("processes", []):
+        role = proc["name"].removeprefix("fastrl-").split("-")[0]
+        costs[role] = costs.get(role, 0.0) + proc["cpu_percent"] / 100 / rate * 1e3
+    return costs
+
+
+def cpu_costs(result: dict, name: str) -> dict | None:
+    """Where the efficiency of the sample or train stage goes: each role's CPU ms per env step in the
+    run beside what the bound charges it (the isolated stages' per-core costs), and the share of the
+    cores the run's processes kept busy. The efficiency splits exactly into the two factors,
+        rate / bound = (bound cost / run cost) x (CPU used / cores),
+    so a low one reads either as work that costs more in the run than alone (smaller inference
+    batches, learner shards, caches the other processes leave cold) or as cores left idle.
+    None when the stage counted no processes, or the env and infer stages did not run."""
+    stages = result["stages"]
+    stage, env, infer, learn = (stages.get(k) for k in (name, "env", "infer", "learn"))
+    run = cpu_ms_per_env_step(stage) if stage else {}
+    if not run or not env or not infer:
+        return None
+    env_ms, infer_ms = 1e3 / env["env_steps_per_core_s"], 1e3 / infer["samples_per_core_s"]
+    # a rollout worker that acts itself (no inference process) does both stages' work
+    bound = {"rollout": env_ms, "inference": infer_ms} if "inference" in run else {"rollout": env_ms + infer_ms}
+    if name == "train":
+        if not learn:
+            return None
+        bound["learner"] = 1e3 * result["counts"]["epochs"] / learn["samples_per_core_s"]
+    else:
+        bound["learner"] = 0.0  # it discards: the sampling bound has no learner term
+    cores_used = sum(run.values()) * headline_rate(stage["env_steps_per_s"]) / 1e3
+    return {"run_ms": {k: round(v, 4) for k, v in run.items()}, "bound_ms": {k: round(v, 4) for k, v in bound.items()},
+            "cost_ratio": round(sum(bound.values()) / sum(run.values()), 4),
+            "cores_used_fraction": round(cores_used / result["cores"], 4)}
+
+
 def summarize(result: dict) -> None:
     """Fill in the bound, efficiency and bottleneck from whatever stages ran."""
     stages, cores = result["stages"], result["cores"]
@@ -68,6 +109,9 @@ def summarize(result: dict) -> None:
     for stage in ("sample", "train"):
         if stage in stages:
             stages[stage]["bottleneck"] = bottleneck(stages[stage], cores)
+            costs = cpu_costs(result, stage)
+            if costs is not None:
+                stages[stage]["cpu_costs"] = costs
     last = "train" if "train" in stages else "sample" if "sample" in stages else None
     result["bottleneck"] = stages[last]["bottleneck"] if last else None
 
@@ -141,10 +185,25 @@ def format_table(result: dict) -> str:
                   + ("" if st.get("time_to_first_batch_s") is None else
                      f", first batch {'freed' if name == 'sample' else 'trained'} {st['time_to_first_batch_s']:.1f} s")
                   + " after launching the runner (imports not counted)"]
+        if st.get("cpu_costs"):
+            lines.append(cost_line(st["cpu_costs"]))
     lines += rounds_lines(result)
     if result.get("bottleneck"):
         lines.append(f"bottleneck: {result['bottleneck']}")
     return "\n".join(lines)
+
+
+ROLE_NAMES = {"rollout": "rollout workers", "inference": "inference", "learner": "learner"}
+
+
+def cost_line(costs: dict) -> str:
+    """cpu_costs in one line: each role's run / bound CPU ms per env step, and the two factors."""
+    run, bound = costs["run_ms"], costs["bound_ms"]
+    roles = [r for r in ROLE_NAMES if r in run or r in bound] + sorted(set(run) - set(ROLE_NAMES))
+    parts = ", ".join(f"{ROLE_NAMES.get(r, r)} {run.get(r, 0.0):.3f} / {bound.get(r, 0.0):.3f}" for r in roles)
+    return (f"  CPU ms per env step, run / bound: {parts}; all {sum(run.values()):.3f} / {sum(bound.values()):.3f}"
+            f" -> bound/run {costs['cost_ratio']:.0%} x cores used {costs['cores_used_fraction']:.0%}"
+            f" = {costs['cost_ratio'] * costs['cores_used_fraction']:.0%} of the bound")
 
 
 class Progress:

@@ -1,14 +1,19 @@
-"""One minibatch's loss and gradient on a preset's own network, three ways, alternated in one process:
-one torch thread, `--shards` learner shards of one torch thread each (system.learner_shards), and as
-many OpenMP threads (system.learner_threads).
+"""One minibatch's loss and gradient on a preset's own network, several ways, alternated in one process:
+one torch thread, `--shards` learner shards of one torch thread each (system.learner_shards), the same
+pieces one after another on one thread, and as many OpenMP threads (system.learner_threads).
 
     python bench/shards_microbench.py --config configs/atari_pong.yaml [--shards 2] [--rounds 7] [--repeats 5]
+    python bench/shards_microbench.py --config configs/atari_pong.yaml --whole-batch [--rounds 5]
 
 Prints medians of wall and CPU ms per minibatch (`APPOTrainer._loss_and_gradient`, the learner's own
-code, on the bench's synthetic batch; no optimizer step). For a bf16 network, one more variant runs the
-shards with autocast casting the fp32 weights for each piece instead of through the learner's bf16
-working copy (fastrl.algo.bf16_copy), with the per-round CPU ratio of the two. Alone, the cores are all the learner's: in a
-run the samplers share them, which is what `bench/side_by_side.py --stage train` measures.
+code, on the bench's synthetic batch; no optimizer step), or with `--whole-batch` per learner batch
+(`APPOTrainer.train`: every minibatch, each one different, with the optimizer steps between them that
+leave the caches cold, and the batch's no-grad forward). The pieces-in-turn variant splits the shards'
+price into the pieces' own (smaller GEMMs, each reading the weights again) and the cost of running
+them at once. For a bf16 network, one more variant runs the shards with autocast casting the fp32
+weights for each piece instead of through the learner's bf16 working copy (fastrl.algo.bf16_copy), with
+the per-round CPU ratio of the two. Alone, the cores are all the learner's: in a run the samplers
+share them, which is what `bench/side_by_side.py --stage train` measures.
 """
 
 from __future__ import annotations
@@ -20,11 +25,19 @@ import time
 import torch
 
 from fastrl.algo.appo import APPOTrainer
+from fastrl.algo.shards import ShardPool
 from fastrl.bench.components import synthetic_batch
 from fastrl.config import load_config
 from fastrl.config.hardware import resolve_auto
 from fastrl.envs import resolve_env
 from fastrl.workers.learner import build_learner_model
+
+
+class PiecesInTurn(ShardPool):
+    """The shards' pieces, run one after another on the calling thread."""
+
+    def map(self, fn, items):
+        return [fn(x) for x in items]
 
 
 def main() -> int:
@@ -33,8 +46,12 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--repeats", type=int, default=5, help="minibatches timed per round and variant")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="minibatches (default 5), or with --whole-batch batches (default 1), per round and variant")
+    parser.add_argument("--whole-batch", action="store_true",
+                        help="time APPOTrainer.train over the whole synthetic batch instead of one minibatch")
     args = parser.parse_args()
+    args.repeats = args.repeats or (1 if args.whole_batch else 5)
     cfg = resolve_auto(load_config(args.config, ["algo.minibatch_unit=samples", *args.overrides]))
     spec = resolve_env(cfg.env)
     torch.manual_seed(cfg.run.seed)
@@ -43,8 +60,9 @@ def main() -> int:
     batch = dict(batch, train_mask=batch["valid"].bool())
     mb, loss_fn = next(trainer._minibatches(batch))
 
+    in_turn_name = f"{args.shards} pieces in turn"
     variants = {"1 thread": (trainer, 1, 1), f"{args.shards} shards": (trainer, 1, args.shards),
-                f"{args.shards} OpenMP threads": (trainer, args.shards, 1)}
+                in_turn_name: (trainer, 1, args.shards), f"{args.shards} OpenMP threads": (trainer, args.shards, 1)}
     autocast_name = f"{args.shards} shards, autocast"
     if trainer.bf16_copy is not None:
         torch.manual_seed(cfg.run.seed)
@@ -56,18 +74,32 @@ def main() -> int:
         for name, (variant_trainer, threads, shards) in variants.items():
             torch.set_num_threads(threads)
             variant_trainer.set_shards(shards)
+            if name == in_turn_name:
+                variant_trainer.pool = PiecesInTurn(shards)
             w0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.repeats):
-                variant_trainer._loss_and_gradient(mb, loss_fn)
+                if args.whole_batch:
+                    # every batch fresh to the lag check: the trainer's version moves on with each
+                    variant_trainer.train(dict(batch, policy_version=torch.full_like(
+                        batch["policy_version"], variant_trainer.policy_version)))
+                else:
+                    variant_trainer._loss_and_gradient(mb, loss_fn)
             if round_:
                 wall[name].append((time.perf_counter() - w0) / args.repeats * 1e3)
                 cpu[name].append((time.process_time() - c0) / args.repeats * 1e3)
     for variant_trainer, _, _ in variants.values():
         variant_trainer.set_shards(1)
-    print(f"{args.config}: minibatch of {mb['actions'].shape[0]} samples, {cfg.model.precision}, "
-          f"medians of {args.rounds} rounds of {args.repeats}")
+    unit = (f"batch of {batch['actions'].numel()} samples x {cfg.algo.num_epochs} epochs" if args.whole_batch
+            else f"minibatch of {mb['actions'].shape[0]} samples")
+    print(f"{args.config}: ms per {unit}, {cfg.model.precision}, medians of {args.rounds} rounds of {args.repeats}")
     for name in variants:
         print(f"  {name:<24} wall {statistics.median(wall[name]):8.1f} ms   CPU {statistics.median(cpu[name]):8.1f} ms")
+    ratios = [t / o for t, o in zip(cpu[in_turn_name], cpu["1 thread"])]
+    print(f"  CPU, pieces in turn / 1 thread, per round: {' '.join(f'{r:.3f}' for r in ratios)}; "
+          f"median {statistics.median(ratios):.3f}")
+    ratios = [s / t for s, t in zip(cpu[f"{args.shards} shards"], cpu[in_turn_name])]
+    print(f"  CPU, shards / pieces in turn, per round: {' '.join(f'{r:.3f}' for r in ratios)}; "
+          f"median {statistics.median(ratios):.3f}")
     if autocast_name in variants:
         ratios = [c / a for c, a in zip(cpu[f"{args.shards} shards"], cpu[autocast_name])]
         print(f"  CPU, working copy / autocast, per round: {' '.join(f'{r:.3f}' for r in ratios)}; "

@@ -83,7 +83,7 @@ def cpu_costs(result: dict, name: str) -> dict | None:
         bound["learner"] = 1e3 * result["counts"]["epochs"] / learn["samples_per_core_s"]
     else:
         bound["learner"] = 0.0  # it discards: the sampling bound has no learner term
-    cores_used = sum(run.values()) * headline_rate(stage["env_steps_per_s"]) / 1e3
+    cores_used = sum(proc["cpu_percent"] for proc in stage["processes"]) / 100
     return {"run_ms": {k: round(v, 4) for k, v in run.items()}, "bound_ms": {k: round(v, 4) for k, v in bound.items()},
             "cost_ratio": round(sum(bound.values()) / sum(run.values()), 4),
             "cores_used_fraction": round(cores_used / result["cores"], 4)}

@@ -60,7 +60,7 @@ def summary_row(doc: dict) -> dict:
     # host whose speed drifts between rounds, since a slower round is slower for every process alike
     if train.get("processes") and row.get("train"):
         per_step = cpu_ms_per_env_step(train)
-        row["train_cpu_ms_per_env_step"] = train["cpu_percent_total"] / 100 / row["train"] * 1e3
+        row["train_cpu_ms_per_env_step"] = sum(per_step.values())
         row.update({f"{role}_cpu_ms_per_env_step": v for role, v in per_step.items()})
     return row
 

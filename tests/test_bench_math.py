@@ -150,7 +150,7 @@ def test_cpu_costs_split_the_efficiency_into_cost_ratio_and_cores_used():
         assert costs["cost_ratio"] * costs["cores_used_fraction"] == pytest.approx(result["efficiency"][name], abs=2e-3)
     assert result["stages"]["sample"]["cpu_costs"]["bound_ms"]["learner"] == 0.0
     line = next(x for x in format_table(result).splitlines() if "run / bound" in x and "learner 1.200" in x)
-    assert "rollout workers 0.500 / 0.400" in line and "cores used 96%" in line and "= 77% of the bound" in line
+    assert "rollout workers 0.500 / 0.400" in line and "cores used 96%" in line and "= 76.7% of the bound" in line
 
 
 def test_cpu_costs_charge_rollout_workers_that_act_for_both_env_and_forward():

@@ -203,7 +203,7 @@ def cost_line(costs: dict) -> str:
     parts = ", ".join(f"{ROLE_NAMES.get(r, r)} {run.get(r, 0.0):.3f} / {bound.get(r, 0.0):.3f}" for r in roles)
     return (f"  CPU ms per env step, run / bound: {parts}; all {sum(run.values()):.3f} / {sum(bound.values()):.3f}"
             f" -> bound/run {costs['cost_ratio']:.0%} x cores used {costs['cores_used_fraction']:.0%}"
-            f" = {costs['cost_ratio'] * costs['cores_used_fraction']:.0%} of the bound")
+            f" = {costs['cost_ratio'] * costs['cores_used_fraction']:.1%} of the bound")
 
 
 class Progress:

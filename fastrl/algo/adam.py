@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from fastrl.algo.flat_params import FlatParams, memory_flat
+from fastrl.algo.flat_params import FlatParams, memory_flat_array
 from fastrl_ext import _optim
 
 
@@ -59,10 +59,10 @@ class _NativeViews:
             if g is None:
                 jobs.append(None)
                 continue
-            flat_g = memory_flat(g) if g.dtype == torch.float32 and g.stride() == p.stride() else None
+            flat_g = memory_flat_array(g) if g.dtype == torch.float32 and g.stride() == p.stride() else None
             if flat_g is None:
                 return None
-            jobs.append((fixed[0], flat_g.numpy(), *fixed[1:]))
+            jobs.append((fixed[0], flat_g, *fixed[1:]))
         return jobs
 
     @staticmethod
@@ -72,10 +72,10 @@ class _NativeViews:
             if (p.dtype != torch.float32 or p.device.type != "cpu" or c.dtype != torch.bfloat16
                     or any(t.stride() != p.stride() for t in (m, v, c))):
                 return None
-            views = [memory_flat(t.detach()) for t in (p, m, v, c)]
+            views = [memory_flat_array(t) for t in (p, m, v, c)]
             if any(t is None for t in views):
                 return None
-            fixed.append((views[0].numpy(), views[1].numpy(), views[2].numpy(), views[3].view(torch.int16).numpy()))
+            fixed.append(tuple(views))
         return fixed
 
 

@@ -27,7 +27,7 @@ import copy
 
 import torch
 
-from fastrl.algo.flat_params import memory_flat
+from fastrl.algo.flat_params import memory_flat_array
 from fastrl.models import ActorCritic
 from fastrl_ext import _optim
 
@@ -42,10 +42,10 @@ def _native_sum(dsts: list, pieces: list) -> float | None:
         if (dst.dtype != torch.float32 or dst.device.type != "cpu" or len(present) > 8
                 or any(g.dtype != torch.bfloat16 or g.stride() != dst.stride() for g in present)):
             return None
-        flat_dst, flat_pieces = memory_flat(dst), [memory_flat(g) for g in present]
+        flat_dst, flat_pieces = memory_flat_array(dst), [memory_flat_array(g) for g in present]
         if flat_dst is None or any(g is None for g in flat_pieces):
             return None
-        jobs.append((flat_dst.numpy(), [g.view(torch.int16).numpy() for g in flat_pieces]))
+        jobs.append((flat_dst, flat_pieces))
     return sum(_optim.sum_pieces(dst, flat_pieces) for dst, flat_pieces in jobs)
 
 

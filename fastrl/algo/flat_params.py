@@ -17,6 +17,7 @@ copied trainer has to be built anew; its Adam refuses to step rather than apply 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -28,6 +29,15 @@ def memory_flat(t: torch.Tensor) -> torch.Tensor | None:
     if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
         return t.permute(0, 2, 3, 1).reshape(-1)  # contiguous after the permute: a view, not a copy
     return None
+
+
+def memory_flat_array(t: torch.Tensor) -> np.ndarray | None:
+    """memory_flat as the numpy array fastrl_ext's kernels take (a bf16 tensor's as int16: numpy has no
+    bf16, and the kernels read and write its bits); None if strided or not on the CPU."""
+    flat = memory_flat(t.detach()) if t.device.type == "cpu" else None
+    if flat is None:
+        return None
+    return (flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy()
 
 
 class FlatParams:

@@ -56,6 +56,11 @@ def summary_row(doc: dict) -> dict:
     row["peak_pss_mib"] = train.get("peak_total_pss_mib")
     row["first_sample_s"] = train.get("time_to_first_sample_s")
     row["learner_wait"] = train.get("learner_wait_fraction")
+    # a round the hypervisor took cores from reads slow for reasons outside the code
+    for name in ("sample", "train"):
+        shares = doc["stages"].get(name, {}).get("core_shares")
+        if shares:
+            row[f"{name}_cores_stolen"] = shares["stolen"]
     # what an env step trained cost the machine, whole tree and by role: steadier than the rate on a
     # host whose speed drifts between rounds, since a slower round is slower for every process alike
     if train.get("processes") and row.get("train"):

@@ -2,12 +2,13 @@
 bottleneck words and the tuner's moves. No timing is asserted anywhere."""
 
 import math
+import time
 
 import numpy as np
 import pytest
 
-from fastrl.bench.measure import headline_rate, overall_rate, spread, window_rates
-from fastrl.bench.report import bottleneck, format_table, machine_bound, summarize
+from fastrl.bench.measure import TreeSampler, core_shares, core_times, headline_rate, overall_rate, spread, window_rates
+from fastrl.bench.report import bottleneck, cost_line, format_table, machine_bound, summarize
 from fastrl.bench.tune import Knob, Trial
 from fastrl.runner.stats import hist_quantile
 
@@ -149,8 +150,13 @@ def test_cpu_costs_split_the_efficiency_into_cost_ratio_and_cores_used():
         costs = result["stages"][name]["cpu_costs"]
         assert costs["cost_ratio"] * costs["cores_used_fraction"] == pytest.approx(result["efficiency"][name], abs=2e-3)
     assert result["stages"]["sample"]["cpu_costs"]["bound_ms"]["learner"] == 0.0
-    line = next(x for x in format_table(result).splitlines() if "run / bound" in x and "learner 1.200" in x)
-    assert "rollout workers 0.500 / 0.400" in line and "cores used 96%" in line and "= 76.7% of the bound" in line
+    line = next(x for x in format_table(result).splitlines() if "run / bound" in x and "learner 1,200 / 1,000" in x)
+    assert "CPU µs per env step" in line
+    assert "rollout workers 500 / 400" in line and "cores used 96%" in line and "= 76.7% of the bound" in line
+    # a CartPole env step costs a few microseconds: still three digits of it
+    small = cost_line({"run_ms": {"rollout": 0.003812, "learner": 0.000104},
+                       "bound_ms": {"rollout": 0.003481, "learner": 0.0}, "cost_ratio": 0.8892, "cores_used_fraction": 0.96})
+    assert "rollout workers 3.81 / 3.48, learner 0.104 / 0; all 3.92 / 3.48" in small
 
 
 def test_cpu_costs_charge_rollout_workers_that_act_for_both_env_and_forward():
@@ -164,6 +170,36 @@ def test_cpu_costs_charge_rollout_workers_that_act_for_both_env_and_forward():
     del result["stages"]["env"], result["stages"]["train"]["cpu_costs"]
     summarize(result)  # without the env stage there is no bound to compare with
     assert "cpu_costs" not in result["stages"]["train"]
+
+
+def test_core_shares_split_the_cores_time_between_the_run_others_idle_and_stolen():
+    start = {"busy_s": 100.0, "idle_s": 50.0, "stolen_s": 3.0}
+    end = {"busy_s": 137.0, "idle_s": 51.0, "stolen_s": 5.0}  # 40 core-seconds: 37 busy, 1 idle, 2 stolen
+    shares = core_shares(start, end, ours_cpu_s=35.0)
+    assert shares == pytest.approx({"ours": 35 / 40, "other": 2 / 40, "idle": 1 / 40, "stolen": 2 / 40})
+    assert sum(shares.values()) == pytest.approx(1.0)
+    # process and core accounting round differently: ours never exceeds what the cores were busy
+    assert core_shares(start, end, ours_cpu_s=37.4) == pytest.approx({"ours": 37 / 40, "other": 0.0, "idle": 1 / 40,
+                                                                       "stolen": 2 / 40})
+    assert core_shares(start, {"busy_s": 100.2, "idle_s": 50.1, "stolen_s": 3.0}, 0.1) is None  # too short to tell
+
+
+def test_core_times_count_every_core_second_of_a_span():
+    """Busy + idle + stolen over a span is the span times the cores, whatever ran meanwhile: a field
+    read wrongly (or a CPU counted twice) breaks the sum."""
+    sampler = TreeSampler()
+    sampler.start()
+    started = time.monotonic()
+    deadline = started + 0.6
+    while time.monotonic() < deadline:  # some busy time of our own
+        pass
+    time.sleep(0.6)
+    sampler.stop()
+    elapsed = time.monotonic() - started
+    spent = sum(sampler.cores_end[k] - sampler.cores_start[k] for k in ("busy_s", "idle_s", "stolen_s"))
+    assert spent == pytest.approx(elapsed * len(sampler.cpus), abs=0.1 * len(sampler.cpus))
+    assert sampler.cores_end["busy_s"] - sampler.cores_start["busy_s"] >= 0.4  # our own loop, at least
+    assert core_times(sampler.cpus)["busy_s"] >= sampler.cores_end["busy_s"]
 
 
 def test_two_thread_learner_prints_both_per_core_rates():

@@ -91,6 +91,20 @@ def test_the_table_names_rounds_and_each_rounds_ratio():
     assert "train (round 1): learner-bound" in text
 
 
+def test_each_round_says_how_much_of_the_cores_the_hypervisor_stole():
+    rounds = [_round(1.0, 900.0), _round(0.8, 800.0), _round(1.1, 1000.0)]
+    for r, stolen in zip(rounds, (0.01, 0.12, 0.0)):
+        r["stages"]["train"] = dict(r["stages"]["train"], core_shares={
+            "ours": 0.95 - stolen, "other": 0.02, "idle": 0.03, "stolen": stolen})
+    combined = combine_rounds(rounds)
+    assert [r["stolen"] for r in combined["rounds"]] == [{"train": 0.01}, {"train": 0.12}, {"train": 0.0}]
+    text = format_table(combined)
+    assert "  round 2: env 5,600, infer 5,600, learn 960, train 800; train 61% of 1,306 (12% of the cores stolen)" in text
+    # the median round's own record prints its cores' time, and only it
+    assert "stolen by the hypervisor 1% (the rate is per wall second" in text
+    assert "at most 1.01x" in text
+
+
 def test_nothing_to_combine_is_an_error():
     with pytest.raises(ValueError):
         combine_rounds([])

@@ -4,6 +4,12 @@ loop of the microbenchmarks in bench/ (implementations alternated, medians).
 
 Memory is reported as PSS (proportional set size) as well as RSS: the trajectory slots are
 mapped by every process, and summed RSS would count them once per process.
+
+The cores' own accounting (/proc/stat) is read over the same span, so that a sample or train
+stage can say where the cores' time went besides the run: other processes, idle, or taken by
+the hypervisor (steal). On a shared virtual machine steal comes and goes by the minute; a run's
+rate is per wall second while the bound's per-core rates are per CPU second, so stolen time
+lowers the efficiency without anything in fastrl costing more.
 """
 
 from __future__ import annotations
@@ -96,6 +102,44 @@ class ProcessUsage:
                 "rss_mib": round(self.rss_bytes / 2**20, 1), "pss_mib": round(self.pss_bytes / 2**20, 1)}
 
 
+def _cpus() -> list[int]:
+    """The CPUs this process may run on (its children inherit them)."""
+    try:
+        return list(psutil.Process().cpu_affinity())
+    except (AttributeError, psutil.Error):
+        return list(range(psutil.cpu_count() or 1))
+
+
+def core_times(cpus: list[int]) -> dict[str, float]:
+    """Seconds since boot that `cpus` spent busy (any process, interrupts), idle (or waiting on
+    I/O) and stolen by the hypervisor, from the kernel's per-CPU counters."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    out = {"busy_s": 0.0, "idle_s": 0.0, "stolen_s": 0.0}
+    for i in cpus:
+        if i >= len(per_cpu):
+            continue
+        t = per_cpu[i]
+        out["busy_s"] += t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+        out["idle_s"] += t.idle + getattr(t, "iowait", 0.0)
+        out["stolen_s"] += getattr(t, "steal", 0.0)
+    return out
+
+
+def core_shares(start: dict[str, float], end: dict[str, float], ours_cpu_s: float) -> dict[str, float] | None:
+    """Where the cores' time went between two core_times snapshots, as fractions that add up to 1:
+    `ours` (the CPU time of the processes measured), `other` (everything else that ran), `idle`
+    and `stolen`. None over a span too short for the kernel's 10 ms ticks to tell."""
+    spent = {k: end[k] - start[k] for k in ("busy_s", "idle_s", "stolen_s")}
+    total = sum(spent.values())
+    if total < 0.5:
+        return None
+    # our processes' CPU times and the cores' busy ticks are counted separately; never let their
+    # rounding make `other` negative or `ours` exceed what the cores were busy
+    ours = min(ours_cpu_s, spent["busy_s"])
+    return {"ours": ours / total, "other": (spent["busy_s"] - ours) / total,
+            "idle": spent["idle_s"] / total, "stolen": spent["stolen_s"] / total}
+
+
 @dataclass
 class TreeSampler:
     """Samples CPU time and memory of named processes; CPU % is over the span between `start` and `stop`."""
@@ -108,6 +152,9 @@ class TreeSampler:
     peak_total_pss_bytes: int = 0
     t_start: float = 0.0
     t_end: float = 0.0
+    cpus: list[int] = field(default_factory=_cpus)
+    cores_start: dict[str, float] = field(default_factory=dict)
+    cores_end: dict[str, float] = field(default_factory=dict)
 
     def add(self, name: str, pid: int) -> None:
         try:
@@ -131,6 +178,7 @@ class TreeSampler:
     def start(self) -> None:
         self.t_start = time.monotonic()
         self.cpu_start = self._cpu_snapshot()
+        self.cores_start = core_times(self.cpus)
 
     def sample_memory(self) -> None:
         total_rss = total_pss = 0
@@ -150,9 +198,16 @@ class TreeSampler:
     def stop(self) -> None:
         self.t_end = time.monotonic()
         self.cpu_end = self._cpu_snapshot()
+        self.cores_end = core_times(self.cpus)
 
     def cpu_seconds(self) -> float:
         return sum(self.cpu_end[n] - self.cpu_start[n] for n in self.cpu_end if n in self.cpu_start)
+
+    def core_shares(self) -> dict[str, float] | None:
+        """The cores' time over the span: these processes, other processes, idle, stolen."""
+        if not self.cores_start or not self.cores_end:
+            return None
+        return core_shares(self.cores_start, self.cores_end, self.cpu_seconds())
 
     def usage(self) -> list[ProcessUsage]:
         span = max(self.t_end - self.t_start, 1e-9)
@@ -166,10 +221,7 @@ class TreeSampler:
 
 def available_cores() -> int:
     """Cores this process may run on (respects taskset/cgroup affinity, unlike os.cpu_count)."""
-    try:
-        return len(psutil.Process().cpu_affinity())
-    except (AttributeError, psutil.Error):
-        return psutil.cpu_count() or 1
+    return len(_cpus())
 
 
 def us_per_call(call: Callable[[], None], seconds: float) -> float:

@@ -84,7 +84,8 @@ def cpu_costs(result: dict, name: str) -> dict | None:
     else:
         bound["learner"] = 0.0  # it discards: the sampling bound has no learner term
     cores_used = sum(proc["cpu_percent"] for proc in stage["processes"]) / 100
-    return {"run_ms": {k: round(v, 4) for k, v in run.items()}, "bound_ms": {k: round(v, 4) for k, v in bound.items()},
+    # to a nanosecond: a CartPole env step costs a few microseconds
+    return {"run_ms": {k: round(v, 6) for k, v in run.items()}, "bound_ms": {k: round(v, 6) for k, v in bound.items()},
             "cost_ratio": round(sum(bound.values()) / sum(run.values()), 4),
             "cores_used_fraction": round(cores_used / result["cores"], 4)}
 
@@ -187,6 +188,8 @@ def format_table(result: dict) -> str:
                   + " after launching the runner (imports not counted)"]
         if st.get("cpu_costs"):
             lines.append(cost_line(st["cpu_costs"]))
+        if st.get("core_shares"):
+            lines.append(core_shares_line(st["core_shares"]))
     lines += rounds_lines(result)
     if result.get("bottleneck"):
         lines.append(f"bottleneck: {result['bottleneck']}")
@@ -197,13 +200,25 @@ ROLE_NAMES = {"rollout": "rollout workers", "inference": "inference", "learner":
 
 
 def cost_line(costs: dict) -> str:
-    """cpu_costs in one line: each role's run / bound CPU ms per env step, and the two factors."""
+    """cpu_costs in one line: each role's run / bound CPU µs per env step (3 significant digits, from
+    Pong's hundreds to CartPole's few), and the two factors."""
     run, bound = costs["run_ms"], costs["bound_ms"]
     roles = [r for r in ROLE_NAMES if r in run or r in bound] + sorted(set(run) - set(ROLE_NAMES))
-    parts = ", ".join(f"{ROLE_NAMES.get(r, r)} {run.get(r, 0.0):.3f} / {bound.get(r, 0.0):.3f}" for r in roles)
-    return (f"  CPU ms per env step, run / bound: {parts}; all {sum(run.values()):.3f} / {sum(bound.values()):.3f}"
+
+    def us(ms: float) -> str:
+        return f"{ms * 1e3:.3g}" if ms * 1e3 < 1000 else f"{ms * 1e3:,.0f}"
+    parts = ", ".join(f"{ROLE_NAMES.get(r, r)} {us(run.get(r, 0.0))} / {us(bound.get(r, 0.0))}" for r in roles)
+    return (f"  CPU µs per env step, run / bound: {parts}; all {us(sum(run.values()))} / {us(sum(bound.values()))}"
             f" -> bound/run {costs['cost_ratio']:.0%} x cores used {costs['cores_used_fraction']:.0%}"
             f" = {costs['cost_ratio'] * costs['cores_used_fraction']:.1%} of the bound")
+
+
+def core_shares_line(shares: dict) -> str:
+    """Where the cores' time went over a system stage's window (fastrl.bench.measure.core_shares)."""
+    return (f"  the cores' time: this run's processes {shares['ours']:.0%}, other processes {shares['other']:.0%}, "
+            f"idle {shares['idle']:.0%}, stolen by the hypervisor {shares['stolen']:.0%}"
+            + (f" (the rate is per wall second, the bound per CPU second: the stolen time given back "
+               f"would raise the efficiency at most {1 / (1 - shares['stolen']):.2f}x)" if shares["stolen"] >= 0.005 else ""))
 
 
 class Progress:

@@ -64,7 +64,9 @@ def combine_rounds(rounds: list[dict]) -> dict:
         stage_rounds=stage_rounds,
         rounds=[{"rates": {name: round(stage_rate(name, st), 1) for name, st in r["stages"].items()},
                  "bound": {k: r["bound"][k] for k in BOUND_KEYS if k in r["bound"]},
-                 "efficiency": dict(r["efficiency"])} for r in rounds])
+                 "efficiency": dict(r["efficiency"]),
+                 "stolen": {name: st["core_shares"]["stolen"] for name, st in r["stages"].items()
+                            if st.get("core_shares")}} for r in rounds])
     return combined
 
 
@@ -79,7 +81,9 @@ def rounds_lines(result: dict) -> list[str]:
              "bound and efficiency the medians of the rounds' own figures:"]
     for i, r in enumerate(rounds, 1):
         rates = ", ".join(f"{name} {rate:,.0f}" for name, rate in r["rates"].items())
+        stolen = r.get("stolen", {})
         ratios = "".join(f"; {stage} {value:.0%} of {r['bound'][key]:,.0f}"
+                         + (f" ({stolen[stage]:.0%} of the cores stolen)" if stage in stolen else "")
                          for stage, value in r["efficiency"].items()
                          for key in [f"{stage}_env_steps_per_s"])
         lines.append(f"  round {i}: {rates}{ratios}")

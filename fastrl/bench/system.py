@@ -126,6 +126,7 @@ class SystemProbe:
         rates = window_rates(self.points, window_s)
         overall = overall_rate(self.points)
         usage = self.sampler.usage()
+        shares = self.sampler.core_shares()
         return {
             "env_steps_per_s": spread(rates, overall).as_dict(),
             "frames_per_s": spread([r * frames_per_env_step for r in rates],
@@ -141,6 +142,7 @@ class SystemProbe:
             "samples_dropped_for_lag": int(self.end["dropped"] - self.start["dropped"]),
             "processes": [u.as_dict() for u in usage],
             "cpu_percent_total": round(sum(u.cpu_percent for u in usage), 1),
+            "core_shares": shares and {k: round(v, 4) for k, v in shares.items()},
             "peak_total_rss_mib": round(self.sampler.peak_total_rss_bytes / 2**20, 1),
             "peak_total_pss_mib": round(self.sampler.peak_total_pss_bytes / 2**20, 1),
             "time_to_first_sample_s": round(self.first_sample_s, 2),

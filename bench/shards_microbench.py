@@ -4,6 +4,7 @@ pieces one after another on one thread, and as many OpenMP threads (system.learn
 
     python bench/shards_microbench.py --config configs/atari_pong.yaml [--shards 2] [--rounds 7] [--repeats 5]
     python bench/shards_microbench.py --config configs/atari_pong.yaml --whole-batch [--rounds 5]
+    python bench/shards_microbench.py --config configs/atari_pong.yaml --rows-sweep [--rounds 5]
 
 Prints medians of wall and CPU ms per minibatch (`APPOTrainer._loss_and_gradient`, the learner's own
 code, on the bench's synthetic batch; no optimizer step), or with `--whole-batch` per learner batch
@@ -12,13 +13,17 @@ leave the caches cold, and the batch's no-grad forward). The pieces-in-turn vari
 price into the pieces' own (smaller GEMMs, each reading the weights again) and the cost of running
 them at once. For a bf16 network, one more variant runs the shards with autocast casting the fp32
 weights for each piece instead of through the learner's bf16 working copy (fastrl.algo.bf16_copy), with
-the per-round CPU ratio of the two. Alone, the cores are all the learner's: in a run the samplers
+the per-round CPU ratio of the two. With `--whole-batch`, one more runs the shards on whole minibatches
+in groups (algo.minibatches_per_weights = shards) instead of pieces of each. `--rows-sweep` times one
+thread's forward + backward over minibatches of 8 to 128 rows and fits a line: its intercept is what
+every piece pays whatever its size. Alone, the cores are all the learner's: in a run the samplers
 share them, which is what `bench/side_by_side.py --stage train` measures.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -50,10 +55,14 @@ def main() -> int:
                         help="minibatches (default 5), or with --whole-batch batches (default 1), per round and variant")
     parser.add_argument("--whole-batch", action="store_true",
                         help="time APPOTrainer.train over the whole synthetic batch instead of one minibatch")
+    parser.add_argument("--rows-sweep", action="store_true",
+                        help="one thread's CPU ms per minibatch at 8-128 rows, and the fixed part per call")
     args = parser.parse_args()
     args.repeats = args.repeats or (1 if args.whole_batch else 5)
     cfg = resolve_auto(load_config(args.config, ["algo.minibatch_unit=samples", *args.overrides]))
     spec = resolve_env(cfg.env)
+    if args.rows_sweep:
+        return rows_sweep(cfg, spec, args.rounds, args.repeats)
     torch.manual_seed(cfg.run.seed)
     trainer = APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag)
     batch = synthetic_batch(cfg, spec)
@@ -63,6 +72,11 @@ def main() -> int:
     in_turn_name = f"{args.shards} pieces in turn"
     variants = {"1 thread": (trainer, 1, 1), f"{args.shards} shards": (trainer, 1, args.shards),
                 in_turn_name: (trainer, 1, args.shards), f"{args.shards} OpenMP threads": (trainer, args.shards, 1)}
+    whole_name = f"{args.shards} shards, whole minibatches"
+    if args.whole_batch:
+        torch.manual_seed(cfg.run.seed)
+        variants[whole_name] = (APPOTrainer(build_learner_model(spec, cfg), dataclasses.replace(
+            cfg.algo, minibatches_per_weights=args.shards), cfg.sampler.max_policy_lag), 1, args.shards)
     autocast_name = f"{args.shards} shards, autocast"
     if trainer.bf16_copy is not None:
         torch.manual_seed(cfg.run.seed)
@@ -93,17 +107,50 @@ def main() -> int:
             else f"minibatch of {mb['actions'].shape[0]} samples")
     print(f"{args.config}: ms per {unit}, {cfg.model.precision}, medians of {args.rounds} rounds of {args.repeats}")
     for name in variants:
-        print(f"  {name:<24} wall {statistics.median(wall[name]):8.1f} ms   CPU {statistics.median(cpu[name]):8.1f} ms")
+        print(f"  {name:<28} wall {statistics.median(wall[name]):8.1f} ms   CPU {statistics.median(cpu[name]):8.1f} ms")
     ratios = [t / o for t, o in zip(cpu[in_turn_name], cpu["1 thread"])]
     print(f"  CPU, pieces in turn / 1 thread, per round: {' '.join(f'{r:.3f}' for r in ratios)}; "
           f"median {statistics.median(ratios):.3f}")
     ratios = [s / t for s, t in zip(cpu[f"{args.shards} shards"], cpu[in_turn_name])]
     print(f"  CPU, shards / pieces in turn, per round: {' '.join(f'{r:.3f}' for r in ratios)}; "
           f"median {statistics.median(ratios):.3f}")
+    if whole_name in variants:
+        ratios = [w / s for w, s in zip(cpu[whole_name], cpu[f"{args.shards} shards"])]
+        print(f"  CPU, whole minibatches / pieces on the shards, per round: {' '.join(f'{r:.3f}' for r in ratios)}; "
+              f"median {statistics.median(ratios):.3f}")
     if autocast_name in variants:
         ratios = [c / a for c, a in zip(cpu[f"{args.shards} shards"], cpu[autocast_name])]
         print(f"  CPU, working copy / autocast, per round: {' '.join(f'{r:.3f}' for r in ratios)}; "
               f"median {statistics.median(ratios):.3f}")
+    return 0
+
+
+def rows_sweep(cfg, spec, rounds: int, repeats: int) -> int:
+    """CPU ms per minibatch forward + backward on one thread, at each size that divides the batch."""
+    torch.set_num_threads(1)
+    sizes = [rows for rows in (8, 16, 32, 64, 128) if cfg.algo.batch_size % rows == 0]
+    runs = {}
+    for rows in sizes:
+        algo = dataclasses.replace(cfg.algo, num_minibatches=cfg.algo.batch_size // rows)
+        torch.manual_seed(cfg.run.seed)
+        trainer = APPOTrainer(build_learner_model(spec, cfg), algo, cfg.sampler.max_policy_lag)
+        batch = synthetic_batch(cfg, spec)
+        runs[rows] = (trainer, next(trainer._minibatches(dict(batch, train_mask=batch["valid"].bool()))))
+    cpu: dict[int, list] = {rows: [] for rows in sizes}
+    for round_ in range(rounds + 1):  # round 0 warms up
+        for rows, (trainer, (mb, loss_fn)) in runs.items():
+            c0 = time.process_time()
+            for _ in range(repeats):
+                trainer._loss_and_gradient(mb, loss_fn)
+            if round_:
+                cpu[rows].append((time.process_time() - c0) / repeats * 1e3)
+    medians = {rows: statistics.median(v) for rows, v in cpu.items()}
+    slope, intercept = statistics.linear_regression(list(medians), list(medians.values()))
+    print(f"{cfg.env.id}: one thread's loss + gradient per minibatch, {cfg.model.precision}, "
+          f"CPU ms, medians of {rounds} rounds of {repeats}")
+    for rows, ms in medians.items():
+        print(f"  {rows:>4} rows  {ms:7.2f} ms  {ms / rows * 1e3:6.0f} us/row")
+    print(f"  least squares: {intercept:.2f} ms per call + {slope * 1e3:.0f} us per row")
     return 0
 
 

@@ -14,6 +14,7 @@ Two ways to cut a batch into minibatches (algo.minibatch_unit):
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable
 
@@ -51,7 +52,9 @@ class APPOTrainer:
     def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0, shards: int = 1,
                  bf16_working_copy: bool = True, native_optimizer: bool = True):
         """`shards` > 1 (system.learner_shards) runs each sample minibatch, and the batch's no-grad
-        forward, as that many pieces on as many threads (fastrl.algo.shards). A bf16 network runs
+        forward, as that many pieces on as many threads (fastrl.algo.shards); with
+        algo.minibatches_per_weights > 1 the shards instead take one whole minibatch each of a group
+        computed against the same weights. A bf16 network runs
         its forwards through a bf16 working copy (fastrl.algo.bf16_copy) unless `bf16_working_copy`
         is off, which leaves the casts to autocast (the same gradients; tests compare the two).
         `native_optimizer` off keeps the copy's gradient sum, the clip and Adam in torch; on, they run in
@@ -182,13 +185,7 @@ class APPOTrainer:
             self.grad_sum_sq = self.bf16_copy.set_master_grads([grads for _, _, grads in results])
         else:
             for _, _, grads in results[1:]:
-                for p, g in zip(self.trained_params, grads):
-                    if g is None:
-                        continue
-                    if p.grad is None:
-                        p.grad = g
-                    else:
-                        p.grad.add_(g)
+                self._put_grads(grads, accumulate=True)
         return LossOutput(*(sum(weight * getattr(out, name).detach().double() for out, weight, _ in results)
                             for name in LossOutput._fields))
 
@@ -210,8 +207,9 @@ class APPOTrainer:
                     "vs": targets.vs, "pg_advantages": targets.pg_advantages}
         return {k: v.reshape(-1, *v.shape[2:]) for k, v in per_step.items()}
 
-    def _minibatches(self, batch: dict):
-        """Yield (minibatch, loss function) for every optimizer step of this batch."""
+    def _minibatches(self, batch: dict, buffers: int = 1):
+        """Yield (minibatch, loss function) for every optimizer step of this batch. The observations of
+        the last `buffers` minibatches yielded stay valid; older ones are overwritten."""
         cfg = self.cfg
         if cfg.minibatch_unit == "samples":
             tensors, dim = self._flat_samples_with_targets(batch), 0
@@ -222,22 +220,81 @@ class APPOTrainer:
             loss = self._trajectory_minibatch_loss
         n = tensors["actions"].shape[dim]
         per_mb = n // cfg.num_minibatches
-        # Every minibatch's observations land in the same buffer: a fresh 1.8 MB gather per step
+        # The minibatches' observations land in a few reused buffers: a fresh 1.8 MB gather per step
         # (64 Pong frames) cost ~1 ms more than refilling one, mostly in page faults. Safe because
-        # the caller finishes a minibatch (forward, backward, step) before asking for the next.
+        # the caller finishes with a minibatch (forward, backward, step) before asking for the
+        # `buffers`-th after it.
         all_obs = tensors.pop("obs")
         obs_shape = list(all_obs.shape)
         obs_shape[dim] = per_mb
-        obs_buf = all_obs.new_empty(obs_shape)
+        obs_bufs = [all_obs.new_empty(obs_shape) for _ in range(buffers)]
 
-        def take(idx):
+        def take(idx, buf):
             mb = {k: v.index_select(dim, idx) for k, v in tensors.items()}
-            mb["obs"] = torch.index_select(all_obs, dim, idx, out=obs_buf)
+            mb["obs"] = torch.index_select(all_obs, dim, idx, out=buf)
             return mb
+        yielded = 0
         for _ in range(cfg.num_epochs):
             order = torch.randperm(n, generator=self.generator)
             for i in range(cfg.num_minibatches):
-                yield take(order[i * per_mb:(i + 1) * per_mb]), loss
+                yield take(order[i * per_mb:(i + 1) * per_mb], obs_bufs[yielded % buffers]), loss
+                yielded += 1
+
+    def _gradient_groups(self, batch: dict):
+        """Yield, for every group of algo.minibatches_per_weights minibatches, a list of (loss output,
+        gradients or None) in step order. With groups of 1 the gradient is already in the parameters'
+        .grad (None); with larger groups every member's gradient was computed against the weights the
+        group started from, each member whole on one shard, and is installed by `_install_gradient`
+        just before its step."""
+        k = self.cfg.minibatches_per_weights
+        minibatches = self._minibatches(batch, buffers=k)
+        if k == 1:
+            for mb, minibatch_loss in minibatches:
+                yield [(self._loss_and_gradient(mb, minibatch_loss), None)]
+            return
+        while True:
+            group = list(itertools.islice(minibatches, k))
+            if not group:
+                return
+            yield self._group_gradients(group)
+
+    def _group_gradients(self, group: list) -> list:
+        """Each (minibatch, loss function)'s loss and gradient at the current weights, on the shards."""
+        if self.bf16_copy is not None:
+            self.bf16_copy.refresh()  # the weights the last step left
+
+        def one(item):
+            mb, minibatch_loss = item
+            out = minibatch_loss(mb)
+            if self.bf16_copy is not None:
+                return out, self.bf16_copy.gradients(out.loss)
+            return out, torch.autograd.grad(out.loss, self.trained_params, allow_unused=True)
+        return self.pool.map(one, group)
+
+    @torch.no_grad()
+    def _install_gradient(self, grads: tuple) -> None:
+        """Put one group member's gradient where the step reads it, as `loss.backward()` would."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.bf16_copy is not None:
+            self.grad_sum_sq = self.bf16_copy.set_master_grads([grads])
+            return
+        self.grad_sum_sq = None
+        self._put_grads(grads, accumulate=False)
+
+    @torch.no_grad()
+    def _put_grads(self, grads: tuple, accumulate: bool) -> None:
+        """Each gradient into its parameter's .grad, added to it or over it; a parameter without one
+        takes the tensor itself, as a first backward leaves it. Writing in place keeps a .grad that is
+        a view of the flat gradient buffer (fastrl.algo.flat_params) one."""
+        for p, g in zip(self.trained_params, grads):
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = g
+            elif accumulate:
+                p.grad.add_(g)
+            else:
+                p.grad.copy_(g)
 
     def train(self, batch: dict, publish: Callable[[], None] | None = None,
               should_stop: Callable[[], bool] | None = None) -> dict:
@@ -255,10 +312,11 @@ class APPOTrainer:
         sums: dict[str, float] = {}
         steps = 0
         skipped = 0
-        for mb, minibatch_loss in self._minibatches(batch):
+        for out, grads in (member for group in self._gradient_groups(batch) for member in group):
             if should_stop is not None and should_stop():
                 break
-            out = self._loss_and_gradient(mb, minibatch_loss)
+            if grads is not None:
+                self._install_gradient(grads)
             grad_mul = None
             if self.grad_sum_sq is not None:
                 # the gradients' squares were summed with them (fastrl.algo.bf16_copy): Adam applies

@@ -99,8 +99,9 @@ class AlgoConfig:
         "in asynchronous SGD; in exchange, with system.learner_shards > 1, each shard computes a whole minibatch "
         "of its own instead of a piece of every one, and a CNN forward + backward costs ~7 CPU-ms per call "
         "whatever its rows (Pong's, one thread, bf16: 9.7 ms at 8 rows, 19.6 at 32, 32.3 at 64), which pieces pay "
-        "once per shard. Every step still publishes a version. Pong: train stage 1.25x with 2, but seed 1 "
-        "reached +16.2 at 1.67M env steps against +18.0 at 1.31M with 1 (bench/README, stop 34).")
+        "once per shard. Every step still publishes a version. Pong: train stage 1.25x with 2, but it learned "
+        "slower: seed 1 +16.2 at 1.67M env steps against +18.0 at 1.31M with 1, seed 2 +3.2 at 1.5M against +17.1 "
+        "(bench/README, stop 34).")
     minibatch_unit: Literal["trajectories", "samples"] = opt(
         "trajectories", "trajectories: each minibatch is whole trajectories and re-runs V-trace with the current "
         "network (Sample Factory's APPO). samples: V-trace runs once per batch after a no-grad forward over it, "

@@ -24,7 +24,7 @@ import torch
 
 from fastrl.algo.appo import APPOTrainer
 from fastrl.bench.measure import Spread, TreeSampler, spread, window_rates
-from fastrl.config.checks import envs_per_split, rollout_workers_act
+from fastrl.config.checks import envs_per_split, inference_batch_size, rollout_workers_act
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec, make_split
 from fastrl.workers.learner import build_learner_model
@@ -137,14 +137,6 @@ def bench_env(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) ->
                                           "env_threads_total": workers * cfg.sampler.num_splits * cfg.sampler.env_threads})
 
 
-def inference_batch_size(cfg: Config) -> int:
-    """What an inference worker typically gets: one pending split from each rollout worker it serves."""
-    if rollout_workers_act(cfg):
-        return envs_per_split(cfg)  # each rollout worker acts on one split at a time
-    per_worker = -(-cfg.sampler.num_rollout_workers // cfg.sampler.num_inference_workers)
-    return envs_per_split(cfg) * per_worker
-
-
 def random_obs(spec: EnvSpec, shape: tuple, gen: torch.Generator) -> torch.Tensor:
     if np.issubdtype(spec.obs_dtype, np.integer):
         return torch.randint(0, 256, (*shape, *spec.obs_shape), dtype=torch.uint8, generator=gen)
@@ -175,6 +167,7 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     rollout workers with sampler.acting_backend (numpy for small MLPs)."""
     from fastrl.models import ActorCritic
     from fastrl.models.numpy_policy import NumpyPolicy, acting_backend
+    from fastrl.models.packed_cnn import packed_forward
 
     torch.set_num_threads(cfg.system.inference_threads)
     batch = inference_batch_size(cfg)
@@ -192,10 +185,12 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
             return batch
     else:
         model.for_inference()  # as a worker acting with torch holds it (bf16 layers; a no-op in fp32)
+        net = packed_forward(model, spec.obs_shape, batch) if cfg.system.packed_inference else None
+        net = model if net is None else net  # as fastrl.workers.acting.TorchForward picks it
 
         def step() -> int:
             with torch.inference_mode():
-                params, _ = model(obs)
+                params, _ = net(obs)
                 model.sample(params)
             return batch
 
@@ -203,6 +198,7 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     return ComponentResult(spread(window_rates(points, max(1.0, seconds / 10))), done / max(cpu_s, 1e-9),
                            cpu_s / wall, wall, {"batch": batch, "backend": backend,
                                                 "native_acting": backend == "numpy" and policy.native,
+                                                "packed": backend == "torch" and net is not model,
                                                 "torch_threads": cfg.system.inference_threads})
 
 

@@ -30,6 +30,15 @@ def rollout_workers_act(cfg: Config) -> bool:
     return cfg.sampler.num_inference_workers == 0
 
 
+def inference_batch_size(cfg: Config) -> int:
+    """What an inference worker typically gets at best: one pending split from each rollout worker it
+    serves (the infer stage's batch, and what an acting network's packing is tuned for)."""
+    if rollout_workers_act(cfg):
+        return envs_per_split(cfg)  # each rollout worker acts on one split at a time
+    per_worker = -(-cfg.sampler.num_rollout_workers // cfg.sampler.num_inference_workers)
+    return envs_per_split(cfg) * per_worker
+
+
 def slots_per_batch(cfg: Config) -> int:
     return cfg.algo.batch_size // samples_per_slot(cfg)
 

@@ -135,6 +135,12 @@ class SystemConfig:
         "sampler preempts one learner thread its partner yields the other core instead of spinning on it. "
         "inherit leaves the environment's setting.")
     inference_threads: int = opt(1, "torch intra-op threads in each inference worker.")
+    packed_inference: bool = opt(
+        True, "A Nature CNN acting on the CPU (in an inference worker, or a rollout worker acting with torch) "
+        "runs with its conv and hidden-layer weights packed once per weights version into oneDNN's blocked "
+        "layout, ReLU fused into each layer (fastrl.models.packed_cnn), instead of torch's eager calls, which "
+        "repack the weights every forward. The same kernels: in bf16 the same outputs bit for bit. Falls back "
+        "to eager where torch lacks the ops or they disagree with it. false: always eager.")
     heap_keep_mib: int = opt(
         256, "Freed memory the learner and inference workers keep for reuse instead of handing back to the OS "
         "(glibc's trim threshold; blocks up to 32 MiB then come from the heap, not from fresh mappings). With "

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from fastrl.config.checks import inference_batch_size
 from fastrl.workers.process import WorkerContext
 
 
@@ -36,6 +37,11 @@ class TorchForward:
         # a bf16 network's layers are cast once, at the first read: inference worker 0 of a fresh
         # run publishes this fp32 network as the starting weights before it reads any
         self.layers_cast = False
+        # a CNN on the CPU acts through weights packed for oneDNN (fastrl.models.packed_cnn), packed
+        # again after every load; built at the first load, once the layers hold their dtype
+        self.pack = ctx.cfg.system.packed_inference and self.device.type == "cpu"
+        self.packed = None
+        self.obs_shape, self.batch_hint = ctx.spec.obs_shape, inference_batch_size(ctx.cfg)
         torch.manual_seed(seed)  # action sampling: reproducible in serial mode
 
     def read(self, weights) -> int | None:
@@ -47,7 +53,10 @@ class TorchForward:
             self.model.hold_layer_weights_in_bf16()
             self.layers_cast = True
         if self.device.type == "cpu":
-            return weights.try_load(self.model)  # no staging copy: see SharedWeights.try_load
+            version = weights.try_load(self.model)  # no staging copy: see SharedWeights.try_load
+            if version is not None and self.pack:
+                self._repack()
+            return version
         # a GPU takes the block in one host-to-device copy, then casts tensor by tensor on the device
         if self.staging is None:
             self.staging = weights.new_staging()
@@ -56,10 +65,25 @@ class TorchForward:
             weights.load_into(self.model, self.staging.to(self.device))
         return version
 
+    def _repack(self) -> None:
+        if self.packed is not None:
+            self.packed.repack()
+            return
+        from fastrl.models.packed_cnn import packed_forward
+
+        self.packed = packed_forward(self.model, self.obs_shape, self.batch_hint)
+        self.pack = self.packed is not None  # not applicable (an MLP, ...): eager from here on
+
+    @property
+    def kind(self) -> str:
+        """How the forward runs, for the worker's log."""
+        return f"{self.device.type}, " + ("oneDNN-packed weights" if self.packed is not None else "eager torch")
+
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         torch = self.torch
+        net = self.model if self.packed is None else self.packed
         with torch.inference_mode():
-            params, values = self.model(torch.from_numpy(obs).to(self.device, non_blocking=True))
+            params, values = net(torch.from_numpy(obs).to(self.device, non_blocking=True))
             actions, log_probs = self.model.sample(params)
         return actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
 

@@ -102,7 +102,8 @@ class InferenceWorker:
             self.publish_first_weights()
         self.actor.wait_for_first_weights(self._idle)
         lower_priority(self.ctx.cfg.system.inference_nice)
-        self.log.info("ready to act, %.1f s after process start, nice %d", seconds_since_process_start(), os.nice(0))
+        self.log.info("ready to act, %.1f s after process start, nice %d (%s)", seconds_since_process_start(),
+                      os.nice(0), self.actor.forward.kind)
         while not self.ctx.control.stop_requested:
             self.pump(POLL_S)
 

@@ -1,0 +1,117 @@
+"""The acting forward with oneDNN-packed weights (fastrl.models.packed_cnn): the eager network's
+outputs (bit for bit in bf16), the weights it packed until it is repacked, eager where it does not
+apply, and an acting worker's forward that repacks after every weights load."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fastrl.buffers import SharedWeights, ShmAllocator
+from fastrl.config.loader import load_config
+from fastrl.config.schema import ModelConfig
+from fastrl.envs.spec import EnvSpec
+from fastrl.models import ActorCritic
+from fastrl.models.packed_cnn import PackedForward, packed_forward
+from fastrl.workers.acting import TorchForward
+
+PONG = EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6, frames_per_env_step=4)
+CNN = {"encoder": "nature_cnn", "hidden_sizes": [512], "activation": "relu"}
+
+pytestmark = pytest.mark.skipif(packed_forward(ActorCritic(PONG, ModelConfig(**CNN, precision="fp32")).for_inference(),
+                                               PONG.obs_shape, 16) is None,
+                                reason="this torch has no oneDNN pointwise ops")
+
+
+def _obs(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, *PONG.obs_shape), dtype=torch.uint8, generator=g)
+
+
+def _net(precision, shared=True, seed=0):
+    torch.manual_seed(seed)
+    return ActorCritic(PONG, ModelConfig(**CNN, shared_encoder=shared, precision=precision)).for_inference()
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "separate"])
+@pytest.mark.parametrize("batch", [1, 7, 16, 33])
+def test_bf16_packed_outputs_equal_the_eager_network_bit_for_bit(shared, batch):
+    net = _net("bf16", shared)
+    packed = packed_forward(net, PONG.obs_shape, 16)
+    assert isinstance(packed, PackedForward)
+    obs = _obs(batch)
+    with torch.inference_mode():
+        (want_p, want_v), (got_p, got_v) = net(obs), packed(obs)
+    assert got_p.dtype == torch.float32 and got_v.dtype == torch.float32
+    assert got_p.shape == (batch, PONG.num_actions) and got_v.shape == (batch,)
+    assert torch.equal(got_p, want_p) and torch.equal(got_v, want_v)
+
+
+def test_fp32_packed_outputs_match_the_eager_network():
+    net = _net("fp32")
+    packed = packed_forward(net, PONG.obs_shape, 32)
+    assert packed is not None
+    obs = _obs(20)
+    with torch.inference_mode():
+        for want, got in zip(net(obs), packed(obs)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_new_weights_reach_the_packed_layers_only_when_repacked():
+    net, other = _net("bf16", seed=0), _net("bf16", seed=1)
+    packed = packed_forward(net, PONG.obs_shape, 16)
+    obs = _obs(8)
+    with torch.inference_mode():
+        before = packed(obs)
+        net.load_state_dict(other.state_dict())  # what a weights load does to the layers' tensors
+        want = other(obs)
+        stale = packed(obs)  # the packed layers still hold the old weights (the heads read the new)
+        packed.repack()
+        after = packed(obs)
+    assert not torch.equal(stale[0], want[0]) and not torch.equal(after[0], before[0])
+    assert torch.equal(after[0], want[0]) and torch.equal(after[1], want[1])
+
+
+def test_eager_where_packing_does_not_apply():
+    cheetah = EnvSpec("HalfCheetah-v5", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
+    assert packed_forward(ActorCritic(cheetah, ModelConfig()).eval(), cheetah.obs_shape, 16) is None  # an MLP
+    training = _net("bf16").train()
+    assert packed_forward(training, PONG.obs_shape, 16) is None
+    # fp32 layers in a bf16 network: the eager forward casts under autocast every call
+    autocast_layers = ActorCritic(PONG, ModelConfig(**CNN, precision="bf16")).eval().use_channels_last()
+    assert packed_forward(autocast_layers, PONG.obs_shape, 16) is None
+    plain_layout = ActorCritic(PONG, ModelConfig(**CNN, precision="fp32")).eval()
+    assert packed_forward(plain_layout, PONG.obs_shape, 16) is None
+
+
+@pytest.mark.parametrize("packed_inference", [True, False])
+def test_an_acting_forward_repacks_after_each_weights_load(packed_inference):
+    """TorchForward as an inference worker runs it: the first load casts the layers to bf16 and packs
+    them, every later load repacks, and the actions' values are those of the weights just loaded."""
+    cfg = load_config("configs/atari_pong.yaml", [f"system.packed_inference={str(packed_inference).lower()}",
+                                                   "model.precision=bf16"])
+    alloc = ShmAllocator()
+    try:
+        learner_net = ActorCritic(PONG, cfg.model)  # fp32, as the learner publishes
+        weights = SharedWeights.allocate(alloc, learner_net)
+        weights.publish(learner_net, version=1)
+        forward = TorchForward(SimpleNamespace(cfg=cfg, spec=PONG, weights=weights), seed=0)
+        obs = _obs(16).numpy()
+        for version in (1, 2):
+            if version == 2:
+                with torch.no_grad():
+                    for p in learner_net.parameters():
+                        p.add_(0.05 * torch.randn_like(p))
+                weights.publish(learner_net, version=2)
+            assert forward.read(weights) == version
+            assert (forward.packed is not None) == packed_inference
+            assert "oneDNN-packed" in forward.kind if packed_inference else "eager" in forward.kind
+            _, _, values = forward(obs)
+            reference = ActorCritic(PONG, cfg.model)
+            reference.load_state_dict(learner_net.state_dict())
+            with torch.inference_mode():
+                _, want = reference.for_inference()(torch.from_numpy(obs))
+            np.testing.assert_array_equal(values, want.numpy())
+    finally:
+        alloc.unlink_all()

@@ -155,3 +155,13 @@ def test_a_stop_request_ends_the_pass_between_optimizer_steps():
     assert stats["sgd_steps"] == 3 and trainer.policy_version == 3 and published == [1, 2, 3]
     stats = trainer.train(batch, should_stop=lambda: False)
     assert stats["sgd_steps"] == cfg.algo.num_epochs * cfg.algo.num_minibatches == 8
+
+
+def test_weights_are_published_after_every_publish_every_steps_optimizer_steps():
+    """algo.publish_every_steps=3: versions 3 and 6 of a batch's 8 steps, then 9, 12 and 15 of the next (the
+    count runs on across batches, so the gap between publications stays 3)."""
+    trainer, batch, cfg = _trainer_and_batch(["algo.num_epochs=2", "algo.num_minibatches=4", "algo.publish_every_steps=3"])
+    published = []
+    for _ in range(2):
+        trainer.train(copy.deepcopy(batch), publish=lambda: published.append(trainer.policy_version))
+    assert trainer.policy_version == 16 and published == [3, 6, 9, 12, 15]

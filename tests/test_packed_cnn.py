@@ -14,7 +14,7 @@ from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
 from fastrl.models.packed_cnn import PackedForward, packed_forward
-from fastrl.workers.acting import TorchForward
+from fastrl.workers.acting import PACK_AFTER_FORWARDS, TorchForward
 
 PONG = EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6, frames_per_env_step=4)
 CNN = {"encoder": "nature_cnn", "hidden_sizes": [512], "activation": "relu"}
@@ -86,9 +86,10 @@ def test_eager_where_packing_does_not_apply():
 
 
 @pytest.mark.parametrize("packed_inference", [True, False])
-def test_an_acting_forward_repacks_after_each_weights_load(packed_inference):
+def test_an_acting_forward_packs_each_version_that_outlasts_a_few_forwards(packed_inference):
     """TorchForward as an inference worker runs it: the first load casts the layers to bf16 and packs
-    them, every later load repacks, and the actions' values are those of the weights just loaded."""
+    them; after each later load it acts eagerly for PACK_AFTER_FORWARDS forwards, then repacks. Every
+    forward's values are those of the weights just loaded."""
     cfg = load_config("configs/atari_pong.yaml", [f"system.packed_inference={str(packed_inference).lower()}",
                                                    "model.precision=bf16"])
     alloc = ShmAllocator()
@@ -98,20 +99,22 @@ def test_an_acting_forward_repacks_after_each_weights_load(packed_inference):
         weights.publish(learner_net, version=1)
         forward = TorchForward(SimpleNamespace(cfg=cfg, spec=PONG, weights=weights), seed=0)
         obs = _obs(16).numpy()
-        for version in (1, 2):
-            if version == 2:
+        for version in (1, 2, 3):
+            if version > 1:
                 with torch.no_grad():
                     for p in learner_net.parameters():
                         p.add_(0.05 * torch.randn_like(p))
-                weights.publish(learner_net, version=2)
+                weights.publish(learner_net, version=version)
             assert forward.read(weights) == version
-            assert (forward.packed is not None) == packed_inference
-            assert "oneDNN-packed" in forward.kind if packed_inference else "eager" in forward.kind
-            _, _, values = forward(obs)
+            assert forward.packed_current == (packed_inference and version == 1)
             reference = ActorCritic(PONG, cfg.model)
             reference.load_state_dict(learner_net.state_dict())
             with torch.inference_mode():
                 _, want = reference.for_inference()(torch.from_numpy(obs))
-            np.testing.assert_array_equal(values, want.numpy())
+            for call in range(PACK_AFTER_FORWARDS + 2):
+                _, _, values = forward(obs)
+                np.testing.assert_array_equal(values, want.numpy())
+                assert forward.packed_current == (packed_inference and (version == 1 or call >= PACK_AFTER_FORWARDS))
+        assert ("oneDNN-packed" in forward.kind) == packed_inference
     finally:
         alloc.unlink_all()

@@ -1,7 +1,8 @@
 """One APPO optimisation pass over a batch of trajectories: V-trace targets, loss, Adam step.
 
 Knows nothing of processes or shared memory: it takes a time-major batch of tensors and a
-callback to publish weights after each optimizer step, so it can be tested in-process.
+callback to publish weights after every optimizer step (or every algo.publish_every_steps), so it
+can be tested in-process.
 
 Two ways to cut a batch into minibatches (algo.minibatch_unit):
 - trajectories: whole trajectories per minibatch, V-trace re-run on each with the network as it
@@ -338,7 +339,7 @@ class APPOTrainer:
             elif self.optimizer.step(grad_mul, copies):
                 self.bf16_copy.written_by_step()  # the step rounded the new weights into it: no refresh
             self.policy_version += 1
-            if publish is not None:
+            if publish is not None and self.policy_version % cfg.publish_every_steps == 0:
                 publish()
             steps += 1
             for name, value in out._asdict().items():

@@ -60,7 +60,7 @@ def check_config(cfg: Config) -> list[str]:
         "sampler.num_splits": s.num_splits, "sampler.env_threads": s.env_threads,
         "sampler.rollout_len": s.rollout_len,
         "algo.batch_size": a.batch_size, "algo.num_epochs": a.num_epochs, "algo.num_minibatches": a.num_minibatches,
-        "algo.minibatches_per_weights": a.minibatches_per_weights,
+        "algo.minibatches_per_weights": a.minibatches_per_weights, "algo.publish_every_steps": a.publish_every_steps,
         "system.inference_threads": sysc.inference_threads,
         "run.train_for_env_steps": r.train_for_env_steps, "run.keep_checkpoints": r.keep_checkpoints,
     }

@@ -102,6 +102,14 @@ class AlgoConfig:
         "once per shard. Every step still publishes a version. Pong: train stage 1.25x with 2, but it learned "
         "slower: seed 1 +16.2 at 1.67M env steps against +18.0 at 1.31M with 1, seed 2 +3.2 at 1.5M against +17.1 "
         "(bench/README, stop 34).")
+    publish_every_steps: int = opt(
+        1, "The learner publishes its weights to the acting workers after every this many optimizer steps (the "
+        "versions stamped on samples still count steps, so the policy lag grows by up to this minus 1). Each "
+        "publication costs the learner a copy of every weight into shared memory and each acting worker a load "
+        "(and a repack, system.packed_inference). Faster, but no preset takes it, because the learning runs "
+        "measured did not keep up: Pong with 4, train stage 1.04x, seed 1 at -0.97 after 1.45M env steps where 1 "
+        "reached +18.0 at 1.31M (stop 34); HalfCheetah with 4, train stage 1.29x, seeds 1-3 at 5,800 / 4,214 / "
+        "1,809 after 2M against 4,120 / 3,575 / 4,701 with 1 (bench/README, stop 35).")
     minibatch_unit: Literal["trajectories", "samples"] = opt(
         "trajectories", "trajectories: each minibatch is whole trajectories and re-runs V-trace with the current "
         "network (Sample Factory's APPO). samples: V-trace runs once per batch after a no-grad forward over it, "
@@ -136,11 +144,12 @@ class SystemConfig:
         "inherit leaves the environment's setting.")
     inference_threads: int = opt(1, "torch intra-op threads in each inference worker.")
     packed_inference: bool = opt(
-        True, "A Nature CNN acting on the CPU (in an inference worker, or a rollout worker acting with torch) "
-        "runs with its conv and hidden-layer weights packed once per weights version into oneDNN's blocked "
-        "layout, ReLU fused into each layer (fastrl.models.packed_cnn), instead of torch's eager calls, which "
-        "repack the weights every forward. The same kernels: in bf16 the same outputs bit for bit. Falls back "
-        "to eager where torch lacks the ops or they disagree with it. false: always eager.")
+        False, "A Nature CNN acting on the CPU (in an inference worker, or a rollout worker acting with torch) "
+        "runs with its conv and hidden-layer weights packed into oneDNN's blocked layout, ReLU fused into each "
+        "layer (fastrl.models.packed_cnn), instead of torch's eager calls, which re-lay the weights out every "
+        "forward; a version is packed once it has served 3 forwards (fastrl.workers.acting). The same kernels: "
+        "in bf16 the same outputs bit for bit. Pong: a forward 0.84x the CPU, the sample stage 1.01-1.08x, but the "
+        "train stage 0.86-0.97x against eager (bench/README, stop 35), so off by default.")
     heap_keep_mib: int = opt(
         256, "Freed memory the learner and inference workers keep for reuse instead of handing back to the OS "
         "(glibc's trim threshold; blocks up to 32 MiB then come from the heap, not from fresh mappings). With "

@@ -21,6 +21,15 @@ from fastrl.config.checks import inference_batch_size
 from fastrl.workers.process import WorkerContext
 
 
+# A repack costs about as much CPU as packed weights save over 3-4 forwards (bench/packed_microbench.py:
+# at batch 16 a forward 2.73 -> 2.28 ms, a repack with the caches cold 1.4-1.7 ms), and in training a
+# Pong inference worker loads a new version about every other forward. So each version runs eagerly
+# for its first few forwards and is packed only if it is still current after them: a rent-or-buy
+# rule that never loses more than one repack per version to eager, and packs at once in a sampling-
+# only run or with algo.publish_every_steps > 1.
+PACK_AFTER_FORWARDS = 3
+
+
 class TorchForward:
     def __init__(self, ctx: WorkerContext, seed: int):
         import torch
@@ -37,10 +46,12 @@ class TorchForward:
         # a bf16 network's layers are cast once, at the first read: inference worker 0 of a fresh
         # run publishes this fp32 network as the starting weights before it reads any
         self.layers_cast = False
-        # a CNN on the CPU acts through weights packed for oneDNN (fastrl.models.packed_cnn), packed
-        # again after every load; built at the first load, once the layers hold their dtype
+        # a CNN on the CPU acts through weights packed for oneDNN (fastrl.models.packed_cnn) once the
+        # version it holds has served PACK_AFTER_FORWARDS forwards eagerly (see there)
         self.pack = ctx.cfg.system.packed_inference and self.device.type == "cpu"
         self.packed = None
+        self.packed_current = False  # the packed layers hold the loaded version
+        self.forwards_on_version = 0
         self.obs_shape, self.batch_hint = ctx.spec.obs_shape, inference_batch_size(ctx.cfg)
         torch.manual_seed(seed)  # action sampling: reproducible in serial mode
 
@@ -55,7 +66,13 @@ class TorchForward:
         if self.device.type == "cpu":
             version = weights.try_load(self.model)  # no staging copy: see SharedWeights.try_load
             if version is not None and self.pack:
-                self._repack()
+                if self.packed is None:  # the first load: packed at once, or found not to apply
+                    from fastrl.models.packed_cnn import packed_forward
+
+                    self.packed = packed_forward(self.model, self.obs_shape, self.batch_hint)
+                    self.pack = self.packed_current = self.packed is not None
+                else:
+                    self.packed_current, self.forwards_on_version = False, 0
             return version
         # a GPU takes the block in one host-to-device copy, then casts tensor by tensor on the device
         if self.staging is None:
@@ -65,23 +82,27 @@ class TorchForward:
             weights.load_into(self.model, self.staging.to(self.device))
         return version
 
-    def _repack(self) -> None:
-        if self.packed is not None:
-            self.packed.repack()
-            return
-        from fastrl.models.packed_cnn import packed_forward
-
-        self.packed = packed_forward(self.model, self.obs_shape, self.batch_hint)
-        self.pack = self.packed is not None  # not applicable (an MLP, ...): eager from here on
+    def _net(self):
+        """The network for this forward: after a load, eager until the version has served
+        PACK_AFTER_FORWARDS forwards, then packed (repacking it first)."""
+        if self.packed_current:
+            return self.packed
+        self.forwards_on_version += 1
+        if not self.pack or self.forwards_on_version <= PACK_AFTER_FORWARDS:
+            return self.model
+        self.packed.repack()
+        self.packed_current = True
+        return self.packed
 
     @property
     def kind(self) -> str:
         """How the forward runs, for the worker's log."""
-        return f"{self.device.type}, " + ("oneDNN-packed weights" if self.packed is not None else "eager torch")
+        return f"{self.device.type}, " + (f"oneDNN-packed weights once a version has served {PACK_AFTER_FORWARDS} "
+                                          "forwards" if self.pack else "eager torch")
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         torch = self.torch
-        net = self.model if self.packed is None else self.packed
+        net = self._net()
         with torch.inference_mode():
             params, values = net(torch.from_numpy(obs).to(self.device, non_blocking=True))
             actions, log_probs = self.model.sample(params)

@@ -6,8 +6,9 @@ forward, and what packing costs per weights version: CPU ms per call, 1 thread, 
 The network is the preset's as an inference worker holds it (eval, channels-last, bf16 layers where
 the preset resolves to bf16). A repack is timed after a 64 MiB pass evicts the caches, as a run's envs
 and learner do between two publications. The last column is the forward's saving divided by a
-repack's cost: the refreshes per call above which packing costs more than it saves (a Pong
-inference worker in training refreshes on about every other call; sampling alone, never).
+repack's cost: the weight loads per forward above which repacking at every load costs more than
+packing saves (a Pong inference worker in training loads on about every other forward; sampling
+alone, never).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def main() -> None:
     evict = torch.empty(64 << 20, dtype=torch.uint8)
     print(f"{args.config}: {model.actor_encoder.input_dtype} layers, packing tuned for batch {hint}, "
           f"{args.rounds} rounds of {args.calls} calls, CPU ms per call")
-    print(f"{'batch':>5} {'eager':>8} {'packed':>8} {'ratio':>7} {'repack':>8} {'break-even refreshes/call':>26}")
+    print(f"{'batch':>5} {'eager':>8} {'packed':>8} {'ratio':>7} {'repack':>8} {'break-even loads/forward':>25}")
     for batch in batches:
         obs = torch.randint(0, 256, (batch, *spec.obs_shape), dtype=torch.uint8, generator=gen)
         eager, fast, ratios, repacks = [], [], [], []
@@ -72,7 +73,7 @@ def main() -> None:
                     packed.repack()
                     repacks.append((time.thread_time() - start) * 1e3)
         e, p, r = statistics.median(eager), statistics.median(fast), statistics.median(repacks)
-        print(f"{batch:>5} {e:>8.3f} {p:>8.3f} {statistics.median(ratios):>6.3f}x {r:>8.3f} {(e - p) / r:>26.2f}")
+        print(f"{batch:>5} {e:>8.3f} {p:>8.3f} {statistics.median(ratios):>6.3f}x {r:>8.3f} {(e - p) / r:>25.2f}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ class _PackedEncoder:
     """One NatureCNN's convs and hidden layer, each as (module, packed weight)."""
 
     def __init__(self, encoder: NatureCNN, batch_hint: int):
-        self.encoder = encoder
         self.convs = [m for m in encoder.convs if isinstance(m, nn.Conv2d)]
         self.fc = encoder.fc[0]
         self.batch_hint = batch_hint
@@ -110,4 +109,3 @@ def packed_forward(model: ActorCritic, obs_shape: tuple, batch_hint: int) -> Pac
         if w.shape != g.shape or not torch.allclose(w, g, rtol=1e-3, atol=1e-4):
             return None
     return packed
-

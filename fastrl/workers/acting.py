@@ -25,8 +25,8 @@ from fastrl.workers.process import WorkerContext
 # at batch 16 a forward 2.73 -> 2.28 ms, a repack with the caches cold 1.4-1.7 ms), and in training a
 # Pong inference worker loads a new version about every other forward. So each version runs eagerly
 # for its first few forwards and is packed only if it is still current after them: a rent-or-buy
-# rule that never loses more than one repack per version to eager, and packs at once in a sampling-
-# only run or with algo.publish_every_steps > 1.
+# rule that never loses more than one repack per version to eager, and in a sampling-only run (no new
+# versions) acts packed from the first load on.
 PACK_AFTER_FORWARDS = 3
 
 

@@ -108,8 +108,9 @@ class AlgoConfig:
         "publication costs the learner a copy of every weight into shared memory and each acting worker a load "
         "(and a repack, system.packed_inference). Faster, but no preset takes it, because the learning runs "
         "measured did not keep up: Pong with 4, train stage 1.04x, seed 1 at -0.97 after 1.45M env steps where 1 "
-        "reached +18.0 at 1.31M (stop 34); HalfCheetah with 4, train stage 1.29x, seeds 1-3 at 5,800 / 4,214 / "
-        "1,809 after 2M against 4,120 / 3,575 / 4,701 with 1 (bench/README, stop 35).")
+        "reached +18.0 at 1.31M (stop 34); HalfCheetah with 4, train stage 1.29x but whole runs 1.04x, seeds 1-5 "
+        "at 5,800 / 4,214 / 1,809 / 5,014 / 4,771 after 2M against 4,120 / 3,575 / 4,701 / 5,776 / 4,090 with 1 "
+        "(bench/README, stop 35).")
     minibatch_unit: Literal["trajectories", "samples"] = opt(
         "trajectories", "trajectories: each minibatch is whole trajectories and re-runs V-trace with the current "
         "network (Sample Factory's APPO). samples: V-trace runs once per batch after a no-grad forward over it, "

@@ -186,7 +186,9 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     else:
         model.for_inference()  # as a worker acting with torch holds it (bf16 layers; a no-op in fp32)
         net = packed_forward(model, spec.obs_shape, batch) if cfg.system.packed_inference else None
-        net = model if net is None else net  # as fastrl.workers.acting.TorchForward picks it
+        # as an acting worker runs it between loads (TorchForward: packed once a version outlasts its first
+        # forwards; this stage loads no new version)
+        net = model if net is None else net
 
         def step() -> int:
             with torch.inference_mode():

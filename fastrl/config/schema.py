@@ -148,7 +148,8 @@ class SystemConfig:
         False, "A Nature CNN acting on the CPU (in an inference worker, or a rollout worker acting with torch) "
         "runs with its conv and hidden-layer weights packed into oneDNN's blocked layout, ReLU fused into each "
         "layer (fastrl.models.packed_cnn), instead of torch's eager calls, which re-lay the weights out every "
-        "forward; a version is packed once it has served 3 forwards (fastrl.workers.acting). The same kernels: "
+        "forward; a version is packed once it outlasts its first few forwards (fastrl.workers.acting, "
+        "PACK_AFTER_FORWARDS). The same kernels: "
         "in bf16 the same outputs bit for bit. Pong: a forward 0.84x the CPU, the sample stage 1.01-1.08x, but the "
         "train stage 0.86-0.97x against eager (bench/README, stop 35), so off by default.")
     heap_keep_mib: int = opt(

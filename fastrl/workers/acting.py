@@ -87,8 +87,10 @@ class TorchForward:
         PACK_AFTER_FORWARDS forwards, then packed (repacking it first)."""
         if self.packed_current:
             return self.packed
+        if not self.pack:  # packing off (the presets) or not applicable: nothing to count
+            return self.model
         self.forwards_on_version += 1
-        if not self.pack or self.forwards_on_version <= PACK_AFTER_FORWARDS:
+        if self.forwards_on_version <= PACK_AFTER_FORWARDS:
             return self.model
         self.packed.repack()
         self.packed_current = True

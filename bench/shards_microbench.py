@@ -5,6 +5,7 @@ pieces one after another on one thread, and as many OpenMP threads (system.learn
     python bench/shards_microbench.py --config configs/atari_pong.yaml [--shards 2] [--rounds 7] [--repeats 5]
     python bench/shards_microbench.py --config configs/atari_pong.yaml --whole-batch [--rounds 5]
     python bench/shards_microbench.py --config configs/atari_pong.yaml --rows-sweep [--rounds 5]
+    python bench/shards_microbench.py --config configs/atari_pong.yaml --op-profile 8 --op-profile 64
 
 Prints medians of wall and CPU ms per minibatch (`APPOTrainer._loss_and_gradient`, the learner's own
 code, on the bench's synthetic batch; no optimizer step), or with `--whole-batch` per learner batch
@@ -16,8 +17,15 @@ weights for each piece instead of through the learner's bf16 working copy (fastr
 the per-round CPU ratio of the two. With `--whole-batch`, one more runs the shards on whole minibatches
 in groups (algo.minibatches_per_weights = shards) instead of pieces of each. `--rows-sweep` times one
 thread's forward + backward over minibatches of 8 to 128 rows and fits a line: its intercept is what
-every piece pays whatever its size. Alone, the cores are all the learner's: in a run the samplers
-share them, which is what `bench/side_by_side.py --stage train` measures.
+every piece pays whatever its size. `--op-profile ROWS` runs one thread's forward + backward at that
+many rows under the torch profiler and prints the ops that took the most CPU, by input shapes, in
+ms per call: which kernels make up that fixed part. Alone, the cores are all the learner's: in a run
+the samplers share them, which is what `bench/side_by_side.py --stage train` measures.
+
+A minibatch loop takes no optimizer step, so the learner's bf16 working copy (fastrl.algo.bf16_copy)
+is marked as written by one (`hold_weights`): a training step's native Adam writes the copy and
+skips the refresh cast, which the loop would otherwise pay at every call (~0.4 CPU-ms for Pong's
+CNN, whatever the rows).
 """
 
 from __future__ import annotations
@@ -36,6 +44,16 @@ from fastrl.config import load_config
 from fastrl.config.hardware import resolve_auto
 from fastrl.envs import resolve_env
 from fastrl.workers.learner import build_learner_model
+
+
+def hold_weights(trainer: APPOTrainer) -> APPOTrainer:
+    """Cast the weights into the bf16 working copy once, and let later refreshes skip, as they do
+    after a native optimizer step: the loops here take none, and would otherwise cast every call."""
+    if trainer.bf16_copy is not None:
+        trainer.bf16_copy.refresh()
+        if trainer.bf16_copy.native:
+            trainer.bf16_copy.written_by_step()
+    return trainer
 
 
 class PiecesInTurn(ShardPool):
@@ -57,14 +75,19 @@ def main() -> int:
                         help="time APPOTrainer.train over the whole synthetic batch instead of one minibatch")
     parser.add_argument("--rows-sweep", action="store_true",
                         help="one thread's CPU ms per minibatch at 8-128 rows, and the fixed part per call")
+    parser.add_argument("--op-profile", type=int, action="append", default=[], metavar="ROWS",
+                        help="the ops of one thread's forward + backward at ROWS rows, by CPU (repeatable)")
+    parser.add_argument("--top", type=int, default=14, help="with --op-profile: how many ops to print")
     args = parser.parse_args()
     args.repeats = args.repeats or (1 if args.whole_batch else 5)
     cfg = resolve_auto(load_config(args.config, ["algo.minibatch_unit=samples", *args.overrides]))
     spec = resolve_env(cfg.env)
     if args.rows_sweep:
         return rows_sweep(cfg, spec, args.rounds, args.repeats)
+    if args.op_profile:
+        return op_profile(cfg, spec, args.op_profile, args.top)
     torch.manual_seed(cfg.run.seed)
-    trainer = APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag)
+    trainer = hold_weights(APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag))
     batch = synthetic_batch(cfg, spec)
     batch = dict(batch, train_mask=batch["valid"].bool())
     mb, loss_fn = next(trainer._minibatches(batch))
@@ -125,17 +148,20 @@ def main() -> int:
     return 0
 
 
+def one_thread_minibatch(cfg, spec, rows: int):
+    """A one-thread trainer at minibatches of `rows` samples, and its first minibatch."""
+    algo = dataclasses.replace(cfg.algo, num_minibatches=cfg.algo.batch_size // rows)
+    torch.manual_seed(cfg.run.seed)
+    trainer = hold_weights(APPOTrainer(build_learner_model(spec, cfg), algo, cfg.sampler.max_policy_lag))
+    batch = synthetic_batch(cfg, spec)
+    return trainer, next(trainer._minibatches(dict(batch, train_mask=batch["valid"].bool())))
+
+
 def rows_sweep(cfg, spec, rounds: int, repeats: int) -> int:
     """CPU ms per minibatch forward + backward on one thread, at each size that divides the batch."""
     torch.set_num_threads(1)
     sizes = [rows for rows in (8, 16, 32, 64, 128) if cfg.algo.batch_size % rows == 0]
-    runs = {}
-    for rows in sizes:
-        algo = dataclasses.replace(cfg.algo, num_minibatches=cfg.algo.batch_size // rows)
-        torch.manual_seed(cfg.run.seed)
-        trainer = APPOTrainer(build_learner_model(spec, cfg), algo, cfg.sampler.max_policy_lag)
-        batch = synthetic_batch(cfg, spec)
-        runs[rows] = (trainer, next(trainer._minibatches(dict(batch, train_mask=batch["valid"].bool()))))
+    runs = {rows: one_thread_minibatch(cfg, spec, rows) for rows in sizes}
     cpu: dict[int, list] = {rows: [] for rows in sizes}
     for round_ in range(rounds + 1):  # round 0 warms up
         for rows, (trainer, (mb, loss_fn)) in runs.items():
@@ -151,6 +177,31 @@ def rows_sweep(cfg, spec, rounds: int, repeats: int) -> int:
     for rows, ms in medians.items():
         print(f"  {rows:>4} rows  {ms:7.2f} ms  {ms / rows * 1e3:6.0f} us/row")
     print(f"  least squares: {intercept:.2f} ms per call + {slope * 1e3:.0f} us per row")
+    return 0
+
+
+def op_profile(cfg, spec, sizes: list, top: int, calls: int = 30) -> int:
+    """The torch profiler over `calls` forward + backward passes at each size, caches warm (the same
+    minibatch again): the ops with the most self CPU, with their input shapes, in ms per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(1)
+    for rows in sizes:
+        if rows < 1 or cfg.algo.batch_size % rows:
+            raise SystemExit(f"--op-profile {rows}: the batch ({cfg.algo.batch_size}) must split into minibatches of it")
+        trainer, (mb, loss_fn) = one_thread_minibatch(cfg, spec, rows)
+        for _ in range(5):
+            trainer._loss_and_gradient(mb, loss_fn)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(calls):
+                trainer._loss_and_gradient(mb, loss_fn)
+        ops = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total_ms = sum(e.self_cpu_time_total for e in ops) / 1e3 / calls
+        print(f"{cfg.env.id}, {rows} rows, {cfg.model.precision}: {total_ms:.2f} CPU-ms per forward + backward "
+              f"(self time of all ops, {calls} calls, 1 thread); the top {top}:")
+        for e in ops[:top]:
+            shapes = ", ".join(str(s) for s in e.input_shapes if s)
+            print(f"  {e.self_cpu_time_total / 1e3 / calls:7.3f} ms  {e.count // calls:>3} x {e.key:<28} {shapes}")
     return 0
 
 

@@ -13,9 +13,10 @@ The math is the unsharded minibatch's: `appo_loss`'s means are over the minibatc
 so each piece's loss is weighted by its share of them, and advantages are normalised once over the
 whole minibatch before it is cut (bench/README and tests/test_shards.py).
 
-The pieces' price: a CNN's forward and backward cost ~7 CPU-ms per call whatever its rows (Pong's,
-one thread, bf16, `bench/shards_microbench.py --rows-sweep`: 9.7 ms at 8 rows, 32.3 at 64; 6.8 ms
-+ 392 µs per row by least squares), and each piece pays it. With
+The pieces' price: a CNN's forward and backward cost ~4.5 CPU-ms per call whatever its rows (Pong's,
+one thread, bf16, `bench/shards_microbench.py --rows-sweep`: 6.9 ms at 8 rows, 25.3 at 64; 4.5 ms
++ 343 µs per row by least squares; a third of it the hidden layer's three GEMMs, each touching its
+3.2 MB weight or gradient whatever the rows: `--op-profile`), and each piece pays it. With
 algo.minibatches_per_weights = k > 1 the same pool runs k whole minibatches at once instead, all at
 the weights the group starts from, and their optimizer steps follow one another (APPOTrainer).
 """

@@ -185,10 +185,9 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
             return batch
     else:
         model.for_inference()  # as a worker acting with torch holds it (bf16 layers; a no-op in fp32)
-        net = packed_forward(model, spec.obs_shape, batch) if cfg.system.packed_inference else None
         # as an acting worker runs it between loads (TorchForward: packed once a version outlasts its first
-        # forwards; this stage loads no new version)
-        net = model if net is None else net
+        # forwards; this stage loads no new version); eager where packing is off or does not apply
+        net = (packed_forward(model, spec.obs_shape, batch) if cfg.system.packed_inference else None) or model
 
         def step() -> int:
             with torch.inference_mode():

@@ -86,10 +86,7 @@ def main() -> int:
         return rows_sweep(cfg, spec, args.rounds, args.repeats)
     if args.op_profile:
         return op_profile(cfg, spec, args.op_profile, args.top)
-    torch.manual_seed(cfg.run.seed)
-    trainer = hold_weights(APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag))
-    batch = synthetic_batch(cfg, spec)
-    batch = dict(batch, train_mask=batch["valid"].bool())
+    trainer, batch = held_trainer_and_batch(cfg, spec, cfg.algo)
     mb, loss_fn = next(trainer._minibatches(batch))
 
     in_turn_name = f"{args.shards} pieces in turn"
@@ -148,13 +145,20 @@ def main() -> int:
     return 0
 
 
-def one_thread_minibatch(cfg, spec, rows: int):
-    """A one-thread trainer at minibatches of `rows` samples, and its first minibatch."""
-    algo = dataclasses.replace(cfg.algo, num_minibatches=cfg.algo.batch_size // rows)
+def held_trainer_and_batch(cfg, spec, algo) -> tuple[APPOTrainer, dict]:
+    """A trainer with `algo`'s settings, its weights held (`hold_weights`), and the learn stage's
+    synthetic batch with every valid sample trained on."""
     torch.manual_seed(cfg.run.seed)
     trainer = hold_weights(APPOTrainer(build_learner_model(spec, cfg), algo, cfg.sampler.max_policy_lag))
     batch = synthetic_batch(cfg, spec)
-    return trainer, next(trainer._minibatches(dict(batch, train_mask=batch["valid"].bool())))
+    return trainer, dict(batch, train_mask=batch["valid"].bool())
+
+
+def one_thread_minibatch(cfg, spec, rows: int):
+    """A trainer at minibatches of `rows` samples, and its first minibatch."""
+    algo = dataclasses.replace(cfg.algo, num_minibatches=cfg.algo.batch_size // rows)
+    trainer, batch = held_trainer_and_batch(cfg, spec, algo)
+    return trainer, next(trainer._minibatches(batch))
 
 
 def rows_sweep(cfg, spec, rounds: int, repeats: int) -> int:

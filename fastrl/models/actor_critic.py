@@ -13,6 +13,7 @@ from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models.activations import Tanh
 from fastrl.models.frames import frames_to_input
+from fastrl.models.linear import WeightLeftLinear
 from fastrl.models.normalizer import ObsNormalizer
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -41,7 +42,7 @@ class NatureCNN(nn.Module):
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
         with torch.no_grad():
             n = self.convs(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Sequential(nn.Linear(n, out_dim), nn.ReLU())
+        self.fc = nn.Sequential(WeightLeftLinear(n, out_dim), nn.ReLU())
         self.input_dtype = torch.float32  # bf16 under model.precision=bf16: the convs would cast to it anyway
         for m in self.modules():
             if isinstance(m, (nn.Conv2d, nn.Linear)):

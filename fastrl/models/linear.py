@@ -1,0 +1,40 @@
+"""A linear layer that puts its weight on the left of the product where that spares a weight copy.
+
+`F.linear(x, W)` is `x @ W.T`: oneDNN's bf16 matmul takes the transposed weight as its right-hand
+operand and repacks it (the Nature CNN's 512 x 3136 weight, 3.2 MB) on every call. `(W @ x.T).T` is
+the same product with the weight as the left-hand operand, read in place, and only the small
+`x.T` repacked. It pays where oneDNN's kernel takes the batch as a whole number of 16-column blocks:
+one thread, bf16, caches flushed before each call (AVX-512 EPYC, `python bench/linear_microbench.py`),
+the layer's CPU time against `F.linear` at 16 / 32 / 48 / 64 rows 0.68 / 0.81 / 0.86 / 0.92x, but at
+17, 20 or 33 rows 1.07-1.16x and in fp32 1.0-1.7x. So the weight goes left only in bf16 at those
+batches (on the CPU; the GPU's matmuls were not measured). The Pong inference worker's batches are
+splits of 16, its learner's pieces 32 rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROW_BLOCK = 16
+MAX_WEIGHT_LEFT_ROWS = 64
+
+
+def weight_left_pays(rows: int, dtype: torch.dtype) -> bool:
+    """Whether `(W @ x.T).T` beats `x @ W.T` for a batch of `rows` computed in `dtype`."""
+    return dtype == torch.bfloat16 and 0 < rows <= MAX_WEIGHT_LEFT_ROWS and rows % ROW_BLOCK == 0
+
+
+class WeightLeftLinear(nn.Linear):
+    """nn.Linear (same parameters, state dict and initialisation) that computes `(W @ x.T + b).T`
+    where `weight_left_pays`, so oneDNN does not repack the weight per call. The result is a
+    transposed view; autograd differentiates the addmm as usual."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else self.weight.dtype
+        if x.device.type != "cpu" or x.dim() != 2 or not weight_left_pays(x.shape[0], dtype):
+            return F.linear(x, self.weight, self.bias)
+        if self.bias is None:
+            return torch.mm(self.weight, x.t()).t()
+        return torch.addmm(self.bias.unsqueeze(1), self.weight, x.t()).t()

@@ -118,12 +118,19 @@ def _load(config_path: str | None, overrides: list[str], saved: dict | None = No
             problems.append(f"sampler.acting_backend=numpy: {reason} (use auto or torch)")
     if problems:
         return _config_error(problems)
-    from fastrl.config.hardware import precision_warning, resolve_auto
+    from fastrl.config.checks import resolve_encoder
+    from fastrl.config.hardware import precision_warning, resolve_auto, weight_grads_split_blockers
 
     warning = precision_warning(cfg)
     if warning:
         print(f"fastrl: warning: {warning}", file=sys.stderr)
-    return resolve_auto(cfg), spec
+    encoder = resolve_encoder(cfg.model, spec)
+    resolved = resolve_auto(cfg, encoder=encoder)
+    if resolved.system.learner_split == "weight_grads":
+        blockers = weight_grads_split_blockers(resolved, encoder)
+        if blockers:
+            return _config_error([f"system.learner_split=weight_grads needs {', '.join(blockers)}"])
+    return resolved, spec
 
 
 def cmd_train(args: argparse.Namespace) -> int:

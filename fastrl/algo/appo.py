@@ -27,6 +27,7 @@ from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm, clip_scale
 from fastrl.algo.shards import ShardPool, even_cuts
+from fastrl.algo.split_backward import WeightGradThread
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
 from fastrl.models import ActorCritic
@@ -51,7 +52,7 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
 
 class APPOTrainer:
     def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0, shards: int = 1,
-                 bf16_working_copy: bool = True, native_optimizer: bool = True):
+                 bf16_working_copy: bool = True, native_optimizer: bool = True, split: str = "rows"):
         """`shards` > 1 (system.learner_shards) runs each sample minibatch, and the batch's no-grad
         forward, as that many pieces on as many threads (fastrl.algo.shards); with
         algo.minibatches_per_weights > 1 the shards instead take one whole minibatch each of a group
@@ -60,7 +61,11 @@ class APPOTrainer:
         is off, which leaves the casts to autocast (the same gradients; tests compare the two).
         `native_optimizer` off keeps the copy's gradient sum, the clip and Adam in torch; on, they run in
         fastrl_ext._optim where it is built: the same gradients, and a norm and weights that differ from
-        torch's by rounding (tests compare)."""
+        torch's by rounding (tests compare).
+        `split` (system.learner_split) says how the shards' threads share a sample minibatch: "rows",
+        a piece each; "weight_grads", one minibatch whose CNN weight gradients the other threads
+        compute while the caller carries the input gradients back (fastrl.algo.split_backward: the
+        bf16 working copy's Nature CNN only, one minibatch per weights)."""
         if shards > 1 and cfg.minibatch_unit != "samples":
             raise ValueError("learner shards need algo.minibatch_unit=samples")
         self.model, self.cfg, self.max_policy_lag = model, cfg, max_policy_lag
@@ -76,6 +81,15 @@ class APPOTrainer:
         self.bf16_copy = Bf16WorkingCopy(model, native_optimizer) if model.bf16 and bf16_working_copy else None
         self.grad_sum_sq = None  # the last gradient's sum of squares, where the copy summed it natively
         self.net = self.bf16_copy.model if self.bf16_copy is not None else model
+        if split not in ("rows", "weight_grads"):
+            raise ValueError(f"split must be rows or weight_grads, got {split!r}")
+        self.split = split
+        if split == "weight_grads":
+            if self.bf16_copy is None or cfg.minibatches_per_weights != 1 or cfg.minibatch_unit != "samples":
+                raise ValueError("split=weight_grads needs a bf16 working copy, algo.minibatches_per_weights=1 "
+                                 "and algo.minibatch_unit=samples")
+            # through self.pool each time: set_shards may replace it (with one shard the jobs run in place)
+            self.bf16_copy.split_weight_grads(WeightGradThread(lambda job: self.pool.submit(job)))
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
         self.skipped_total = 0   # optimizer steps dropped for a non-finite loss or gradient
         self.skipped_in_row = 0  # ... since the last good one
@@ -143,7 +157,7 @@ class APPOTrainer:
         self.grad_sum_sq = None
         if self.bf16_copy is not None:
             self.bf16_copy.refresh()  # the weights the last step left
-        if self.pool.shards > 1:
+        if self.pool.shards > 1 and self.split == "rows":
             return self._sharded_sample_backward(mb)
         out = minibatch_loss(mb)
         if self.bf16_copy is not None:

@@ -28,6 +28,7 @@ import copy
 import torch
 
 from fastrl.algo.flat_params import memory_flat_array
+from fastrl.algo.split_backward import WeightGradThread, wrap_cnn_layers
 from fastrl.models import ActorCritic
 from fastrl_ext import _optim
 
@@ -69,6 +70,7 @@ class Bf16WorkingCopy:
         model.hold_layer_weights_in_bf16()
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.weight_grads = None  # see split_weight_grads
         if [p.shape for p in self.params] != [p.shape for p in self.master_params]:
             raise RuntimeError("the working copy's parameters do not line up with the master's")
 
@@ -88,9 +90,19 @@ class Bf16WorkingCopy:
         refresh then casts again."""
         self.fresh_versions = [p._version for p in self.master_params]
 
+    def split_weight_grads(self, thread: WeightGradThread) -> None:
+        """From now on the copy's CNN layers hand their weight gradients to `thread` during the
+        backward (fastrl.algo.split_backward); `gradients` collects them. One caller at a time then."""
+        if wrap_cnn_layers(self.model, thread) == 0:
+            raise ValueError("splitting the backward by weight gradients needs a Nature CNN encoder")
+        self.weight_grads = thread
+
     def gradients(self, loss: torch.Tensor) -> tuple:
         """d loss / d the copy's parameters (bf16 for the layers; None for a parameter the loss
-        does not reach). Never accumulates anywhere, so pieces on several threads can each call it."""
+        does not reach). Never accumulates anywhere, so pieces on several threads can each call it
+        (unless the weight gradients are split off: see split_weight_grads)."""
+        if self.weight_grads is not None:
+            return self.weight_grads.gradients(loss, self.params)
         return torch.autograd.grad(loss, self.params, allow_unused=True)
 
     @torch.no_grad()

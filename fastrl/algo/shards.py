@@ -19,11 +19,13 @@ one thread, bf16, `bench/shards_microbench.py --rows-sweep`: 6.9 ms at 8 rows, 2
 3.2 MB weight or gradient whatever the rows: `--op-profile`), and each piece pays it. With
 algo.minibatches_per_weights = k > 1 the same pool runs k whole minibatches at once instead, all at
 the weights the group starts from, and their optimizer steps follow one another (APPOTrainer).
+With system.learner_split=weight_grads the pool's threads share each minibatch by layer work instead
+(fastrl.algo.split_backward, through `submit`), and `map` still cuts the batch's no-grad forward.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -62,6 +64,18 @@ class ShardPool:
             if error is not None:
                 raise error
         return [first] + [f.result() for f in futures]
+
+    def submit(self, fn: Callable[[], R]) -> Future:
+        """fn() on one of the pool's threads (fastrl.algo.split_backward's weight gradients); in the
+        calling thread, done when this returns, for a pool of one."""
+        if self._executor is not None:
+            return self._executor.submit(fn)
+        done = Future()
+        try:
+            done.set_result(fn())
+        except Exception as error:  # raised where the result is read, as from a thread
+            done.set_exception(error)
+        return done
 
     def close(self) -> None:
         if self._executor is not None:

@@ -24,7 +24,8 @@ import torch
 
 from fastrl.algo.appo import APPOTrainer
 from fastrl.bench.measure import Spread, TreeSampler, spread, window_rates
-from fastrl.config.checks import envs_per_split, inference_batch_size, rollout_workers_act
+from fastrl.config.checks import envs_per_split, inference_batch_size, resolve_encoder, rollout_workers_act
+from fastrl.config.hardware import resolve_learner_split
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec, make_split
 from fastrl.workers.learner import build_learner_model
@@ -227,8 +228,9 @@ def learner_on_synthetic_batch(cfg: Config, spec: EnvSpec) -> tuple[APPOTrainer,
     torch.set_num_threads(cfg.system.learner_threads)
     keep_freed_heap(cfg.system.heap_keep_mib)  # as the learner process does
     torch.manual_seed(cfg.run.seed)
+    split = resolve_learner_split(cfg, resolve_encoder(cfg.model, spec), cfg.system.learner_shards)
     trainer = APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag,
-                          shards=cfg.system.learner_shards)
+                          shards=cfg.system.learner_shards, split=split)
     return trainer, synthetic_batch(cfg, spec)
 
 
@@ -246,7 +248,7 @@ def bench_learn(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     per_core = done / max(cpu_s, 1e-9)
     detail = {"batch_size": cfg.algo.batch_size, "epochs": cfg.algo.num_epochs,
               "minibatches": cfg.algo.num_minibatches, "torch_threads": cfg.system.learner_threads,
-              "shards": shards, "note": "samples/s count every epoch's pass over the batch"}
+              "shards": shards, "split": trainer.split, "note": "samples/s count every epoch's pass over the batch"}
     if cfg.system.learner_threads > 1 or shards > 1:
         # The bound needs the learner's cheapest CPU cost per sample. Alone, a multi-threaded learner
         # is billed for the time its threads spin at each barrier. In the real run the other

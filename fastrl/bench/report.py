@@ -145,7 +145,7 @@ def format_table(result: dict) -> str:
         per_core = f"{st[f'{unit}_per_core_s']:,.0f}" if unit else ""
         lines.append(f"{name:<7} {what:<38} {_spread_text(st[key]):<47} {per_core}")
         if "samples_per_core_s_1_thread" in st:
-            configured = (f"{st['shards']} shards" if st.get("shards", 1) > 1
+            configured = (f"{st['shards']} shards ({st.get('split', 'rows')})" if st.get("shards", 1) > 1
                           else f"{st['torch_threads']} threads")
             lines.append(f"{'':<7} {'  per core: ' + configured + ' / 1 thread':<38} "
                          f"{st['samples_per_core_s_at_configured_threads']:>10,.0f} / "

@@ -26,7 +26,8 @@ def counts(cfg: Config) -> dict:
             "rollout_len": s.rollout_len, "num_inference_workers": s.num_inference_workers,
             "batch_size": cfg.algo.batch_size, "epochs": cfg.algo.num_epochs,
             "minibatches": cfg.algo.num_minibatches, "learner_threads": cfg.system.learner_threads,
-            "learner_shards": cfg.system.learner_shards, "inference_threads": cfg.system.inference_threads}
+            "learner_shards": cfg.system.learner_shards, "learner_split": cfg.system.learner_split,
+            "inference_threads": cfg.system.inference_threads}
 
 
 def run_bench(cfg: Config, spec: EnvSpec, config_path: str | None, overrides: list[str], seconds: float,

@@ -82,15 +82,42 @@ def resolve_learner_threads(learner_threads: int | str, precision: str, device: 
     return max(1, min(2, cores if cores is not None else (os.cpu_count() or 1)))
 
 
-def resolve_auto(cfg: Config, flags: set[str] | None = None, cores: int | None = None) -> Config:
+def weight_grads_split_blockers(cfg: Config, encoder: str) -> list[str]:
+    """Why system.learner_split=weight_grads cannot run with this (precision-resolved) config and
+    `encoder` (resolved, or `auto` when the env is not known); empty when it can."""
+    blockers = []
+    if cfg.system.device != "cpu" or cfg.model.precision != "bf16":
+        blockers.append(f"model.precision bf16 on the CPU (got {cfg.model.precision} on {cfg.system.device})")
+    if encoder != "nature_cnn":
+        blockers.append(f"the Nature CNN encoder (got model.encoder {encoder})")
+    if cfg.algo.minibatches_per_weights != 1:
+        blockers.append(f"algo.minibatches_per_weights 1 (got {cfg.algo.minibatches_per_weights})")
+    if cfg.algo.minibatch_unit != "samples":
+        blockers.append(f"algo.minibatch_unit samples (got {cfg.algo.minibatch_unit})")
+    return blockers
+
+
+def resolve_learner_split(cfg: Config, encoder: str, shards: int) -> str:
+    """`auto` (see SystemConfig.learner_split): weight_grads where it can run and there are 2+ shards."""
+    if cfg.system.learner_split != "auto":
+        return cfg.system.learner_split
+    eligible = isinstance(shards, int) and shards > 1 and not weight_grads_split_blockers(cfg, encoder)
+    return "weight_grads" if eligible else "rows"
+
+
+def resolve_auto(cfg: Config, flags: set[str] | None = None, cores: int | None = None,
+                 encoder: str | None = None) -> Config:
     """The config with every hardware-dependent `auto` replaced by what this machine runs, so that
-    the saved config.json records what actually ran."""
+    the saved config.json records what actually ran. `encoder`: model.encoder resolved for the env
+    (fastrl.config.checks.resolve_encoder), where the caller knows it."""
     cfg = with_precision(cfg, resolve_precision(cfg.model.precision, cfg.system.device, flags))
     sysc = cfg.system
     shards = resolve_learner_shards(sysc.learner_shards, cfg.model.precision, sysc.device, cfg.algo.minibatch_unit,
                                     sysc.learner_threads, cores)
     threads = resolve_learner_threads(sysc.learner_threads, cfg.model.precision, sysc.device, cores, shards)
-    return dataclasses.replace(cfg, system=dataclasses.replace(sysc, learner_threads=threads, learner_shards=shards))
+    split = resolve_learner_split(cfg, encoder or cfg.model.encoder, shards)
+    return dataclasses.replace(cfg, system=dataclasses.replace(sysc, learner_threads=threads, learner_shards=shards,
+                                                               learner_split=split))
 
 
 def precision_warning(cfg: Config, flags: set[str] | None = None) -> str | None:

@@ -138,6 +138,18 @@ class SystemConfig:
         "train stage, alternated rounds: AVX-512 EPYC in bf16, 2 shards against 1 thread 0.90-1.09x over 10 "
         "rounds, median ~1.05x, policy lag p50 ~100 -> 32 versions; AVX2 EPYC in fp32, against 2 OpenMP "
         "threads 0.77-1.49x over 11 rounds, median 0.99x.")
+    learner_split: Literal["auto", "rows", "weight_grads"] = opt(
+        "auto", "How learner_shards' threads share a minibatch of single samples. rows: each takes a piece of its "
+        "samples (fastrl.algo.shards), and each piece pays a CNN call's fixed cost. weight_grads: the whole "
+        "minibatch's forward and input gradients run on one thread while the others compute the Nature CNN's "
+        "weight gradients, layer by layer as the backward reaches them (fastrl.algo.split_backward; the "
+        "gradients are one thread's bit for bit); it needs model.precision bf16 on the CPU, a Nature CNN, "
+        "algo.minibatches_per_weights 1 and algo.minibatch_unit samples. Both split the batch's no-grad forward "
+        "by rows. auto: weight_grads where that holds (model.encoder nature_cnn; an auto encoder stays rows unless "
+        "the observations are images) and learner_shards resolves to 2+, else rows. "
+        "AVX-512 EPYC, Pong preset, fastrl bench train stage, weight_grads against rows, alternated: 1.045x over 6 "
+        "rounds (1.006-1.187, all six faster), the learner's CPU per env step 0.93x, the learn stage alone 0.85x "
+        "(its critical path is longer; its CPU per sample is one thread's); bench/README, stop 39.")
     learner_omp_wait: Literal["inherit", "active", "passive"] = opt(
         "inherit", "How the learner's OpenMP threads wait at a barrier (OMP_WAIT_POLICY, set before it loads "
         "torch). active spins, fastest when nothing else wants the core; passive sleeps at once, so when a "

@@ -26,15 +26,21 @@ def weight_left_pays(rows: int, dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and 0 < rows <= MAX_WEIGHT_LEFT_ROWS and rows % ROW_BLOCK == 0
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`, as `(weight @ x.T + bias).T` (a transposed view) where
+    `weight_left_pays` for the dtype the product runs in."""
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
+    if x.device.type != "cpu" or x.dim() != 2 or not weight_left_pays(x.shape[0], dtype):
+        return F.linear(x, weight, bias)
+    if bias is None:
+        return torch.mm(weight, x.t()).t()
+    return torch.addmm(bias.unsqueeze(1), weight, x.t()).t()
+
+
 class WeightLeftLinear(nn.Linear):
-    """nn.Linear (same parameters, state dict and initialisation) that computes `(W @ x.T + b).T`
-    where `weight_left_pays`, so oneDNN does not repack the weight per call. The result is a
-    transposed view; autograd differentiates the addmm as usual."""
+    """nn.Linear (same parameters, state dict and initialisation) whose product is `linear`'s, so
+    oneDNN does not repack the weight per call where that pays. Autograd differentiates the addmm as
+    usual."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else self.weight.dtype
-        if x.device.type != "cpu" or x.dim() != 2 or not weight_left_pays(x.shape[0], dtype):
-            return F.linear(x, self.weight, self.bias)
-        if self.bias is None:
-            return torch.mm(self.weight, x.t()).t()
-        return torch.addmm(self.bias.unsqueeze(1), self.weight, x.t()).t()
+        return linear(x, self.weight, self.bias)

@@ -152,10 +152,12 @@ class Runner:
             backend = acting_backend(cfg, self.spec)
             native = backend == "numpy" and native_kernel(cfg.system.native_acting)
             mode += f", rollout workers act in {backend}" + (" (fastrl_ext kernel)" if native else "")
+        shards = (f" x {cfg.system.learner_shards} shards ({cfg.system.learner_split})"
+                  if cfg.system.learner_shards > 1 else "")
         self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "
                  f"{cfg.sampler.num_envs_per_worker} envs in {cfg.sampler.num_splits} split(s), {mode}, "
                  f"{cfg.model.precision} network, {cfg.system.learner_threads} learner thread(s)"
-                 f"{f' x {cfg.system.learner_shards} shards' if cfg.system.learner_shards > 1 else ''}, "
+                 f"{shards}, "
                  f"{self.ctx.bufs.num_slots} trajectory slots ({self.alloc.total_bytes / 2**20:.1f} MiB shared"
                  f"{'' if self.ctx.weights.is_complete else ' before the weights'}), run dir {self.run_dir}")
 

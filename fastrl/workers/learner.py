@@ -59,7 +59,7 @@ class Learner:
             raise RuntimeError("the starting weights were not published before the learner started")
         ctx.weights.load_into(self.model, staging)
         self.trainer = APPOTrainer(self.model, cfg.algo, cfg.sampler.max_policy_lag, seed=cfg.run.seed,
-                                   shards=cfg.system.learner_shards)
+                                   shards=cfg.system.learner_shards, split=cfg.system.learner_split)
         self.trainer.policy_version = initial_version
         self.train_steps = 0  # batches trained
         self.slots_needed = slots_per_batch(cfg)

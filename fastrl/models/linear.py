@@ -8,7 +8,7 @@ one thread, bf16, caches flushed before each call (AVX-512 EPYC, `python bench/l
 the layer's CPU time against `F.linear` at 16 / 32 / 48 / 64 rows 0.68 / 0.81 / 0.86 / 0.92x, but at
 17, 20 or 33 rows 1.07-1.16x and in fp32 1.0-1.7x. So the weight goes left only in bf16 at those
 batches (on the CPU; the GPU's matmuls were not measured). The Pong inference worker's batches are
-splits of 16, its learner's pieces 32 rows.
+splits of 16, its learner's minibatches 64 rows (32-row pieces with system.learner_split=rows).
 """
 
 from __future__ import annotations

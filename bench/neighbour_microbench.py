@@ -5,8 +5,8 @@ alone and beside each neighbour, pinned to CPU 1 (the other vCPU) or to CPU 0 it
 
 KIND is one of: matmul-bf16, matmul-fp32 (256 x 256 products in a loop: the vector units, little
 memory traffic), spin (a Python loop), learner (a one-thread Pong learner on the learn stage's
-synthetic batch), envpool (32 Pong envs, 1 thread, random actions), stream (a 64 MiB read-modify-write
-loop). A neighbour on CPU 1 that slows the forward though it touches no shared memory (matmul, spin)
+synthetic batch), envpool (the env stage's rollout worker: 2 splits of 16 Pong envs, 1 thread, random
+actions), stream (a 64 MiB read-modify-write loop). A neighbour on CPU 1 that slows the forward though it touches no shared memory (matmul, spin)
 would mean the two vCPUs share a physical core; `--gap-ms 2` sleeps between forwards as an inference
 worker waits between requests, so a neighbour on the same CPU gets in between them.
 """
@@ -20,53 +20,42 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
+
+from fastrl.bench.components import env_worker, learner_on_synthetic_batch
+from fastrl.workers.process import name_process_and_die_with_parent
 
 PRESET = "configs/atari_pong.yaml"
 KINDS = ("matmul-bf16", "matmul-fp32", "spin", "learner", "envpool", "stream")
 DEFAULT_BESIDE = ["matmul-bf16@1", "spin@1", "learner@1", "envpool@1", "stream@1"]
 
 
-def _neighbour_loop(kind: str, parent: int) -> None:
-    """Runs until the parent is gone or kills it; checks the parent between chunks of work."""
-    def orphaned() -> bool:
-        return os.getppid() != parent
-
+def _neighbour_loop(kind: str) -> None:
+    """Runs until killed (and dies with the bench: name_process_and_die_with_parent)."""
+    from fastrl.config import load_config
+    from fastrl.config.hardware import resolve_auto
+    from fastrl.envs import resolve_env
     if kind.startswith("matmul"):
         dtype = torch.bfloat16 if kind == "matmul-bf16" else torch.float32
         a, b = torch.randn(256, 256).to(dtype), torch.randn(256, 256).to(dtype)
-        while not orphaned():
-            for _ in range(100):
-                torch.mm(a, b)
+        while True:
+            torch.mm(a, b)
     elif kind == "spin":
         x = 0
-        while not orphaned():
-            for _ in range(100_000):
-                x += 1
+        while True:
+            x += 1
     elif kind == "learner":
-        from fastrl.bench.components import learner_on_synthetic_batch
-        from fastrl.config import load_config
-        from fastrl.config.hardware import resolve_auto
-        from fastrl.envs import resolve_env
         cfg = resolve_auto(load_config(PRESET, ["system.learner_shards=1", "system.learner_threads=1"]))
         trainer, batch = learner_on_synthetic_batch(cfg, resolve_env(cfg.env))
-        while not orphaned():
+        while True:
             batch["policy_version"].fill_(trainer.policy_version)  # on-policy: nothing masked for lag
             trainer.train(batch)
     elif kind == "envpool":
-        import envpool
-        env = envpool.make("Pong-v5", env_type="gymnasium", num_envs=32, batch_size=16, num_threads=1,
-                           episodic_life=True, reward_clip=True)
-        rng = np.random.default_rng(0)
-        env.async_reset()
-        while not orphaned():
-            for _ in range(50):
-                info = env.recv()[-1]
-                env.send(rng.integers(0, 6, size=16, dtype=np.int32), info["env_id"])
+        cfg = load_config(PRESET)
+        env_worker(cfg, resolve_env(cfg.env), 0, [0, 0])  # the env stage's rollout worker: 2 splits of 16
     elif kind == "stream":
         block = torch.empty(64 << 20, dtype=torch.uint8)
-        while not orphaned():
+        while True:
             block.add_(1)
 
 
@@ -74,7 +63,7 @@ def start_neighbour(spec: str) -> subprocess.Popen:
     kind, cpu = spec.split("@")
     if kind not in KINDS or cpu not in ("0", "1"):
         raise SystemExit(f"--beside {spec}: expected KIND@0 or KIND@1, KIND one of {', '.join(KINDS)}")
-    return subprocess.Popen([sys.executable, __file__, "--neighbour", spec, "--parent", str(os.getpid())])
+    return subprocess.Popen([sys.executable, __file__, "--neighbour", spec])
 
 
 def main() -> None:
@@ -84,15 +73,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="forwards timed per case and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--neighbour", help=argparse.SUPPRESS)
-    parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.neighbour:
         kind, cpu = args.neighbour.split("@")
+        name_process_and_die_with_parent(f"neighbour-{kind}")
         os.sched_setaffinity(0, {int(cpu)})
         if cpu == "0":
             os.nice(19)  # below the forward, as the rollout workers run below the inference worker
-        _neighbour_loop(kind, args.parent)
+        _neighbour_loop(kind)
         return
     if os.cpu_count() < 2 or not {0, 1} <= os.sched_getaffinity(0):
         raise SystemExit("needs CPUs 0 and 1")

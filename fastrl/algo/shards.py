@@ -39,6 +39,17 @@ def even_cuts(n: int, parts: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in cuts if hi > lo]
 
 
+def ran_here(fn: Callable[[], R]) -> Future:
+    """fn() run now in the calling thread, as a done Future: an error is raised where the result is
+    read, as from a pool thread."""
+    done = Future()
+    try:
+        done.set_result(fn())
+    except Exception as error:
+        done.set_exception(error)
+    return done
+
+
 class ShardPool:
     """Runs a function over N items: item 0 in the calling thread, the others on N-1 threads kept
     for the trainer's life rather than started per minibatch."""
@@ -68,14 +79,7 @@ class ShardPool:
     def submit(self, fn: Callable[[], R]) -> Future:
         """fn() on one of the pool's threads (fastrl.algo.split_backward's weight gradients); in the
         calling thread, done when this returns, for a pool of one."""
-        if self._executor is not None:
-            return self._executor.submit(fn)
-        done = Future()
-        try:
-            done.set_result(fn())
-        except Exception as error:  # raised where the result is read, as from a thread
-            done.set_exception(error)
-        return done
+        return self._executor.submit(fn) if self._executor is not None else ran_here(fn)
 
     def close(self) -> None:
         if self._executor is not None:

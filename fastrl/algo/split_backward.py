@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastrl.algo.shards import ran_here
 from fastrl.models.actor_critic import NatureCNN
 from fastrl.models.linear import linear
 
@@ -43,10 +44,9 @@ class WeightGradThread:
         """`job()` -> (weight's gradient, bias's gradient) runs on the thread."""
         self._record(weight, bias, self._submit(job))
 
-    def now(self, weight: nn.Parameter, bias: nn.Parameter | None, grads: tuple) -> None:
-        done = Future()
-        done.set_result(grads)
-        self._record(weight, bias, done)
+    def now(self, weight: nn.Parameter, bias: nn.Parameter | None, job: Callable[[], tuple]) -> None:
+        """`job()` runs in the calling thread (the first layer's, which has nothing else to do)."""
+        self._record(weight, bias, ran_here(job))
 
     def _record(self, weight, bias, future: Future) -> None:
         self._pending[id(weight)] = (future, 0)
@@ -96,7 +96,7 @@ class _ConvWeightGradLater(torch.autograd.Function):
             grad_x = torch.ops.aten.convolution_backward(
                 grad_out, x, weight, None, *layout, [True, False, False])[0]
         else:  # the first layer: nothing else to do here meanwhile
-            thread.now(conv.weight, conv.bias, weight_grad())
+            thread.now(conv.weight, conv.bias, weight_grad)
         return grad_x, torch.zeros(()), None, None, None, None
 
 

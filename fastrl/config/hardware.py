@@ -101,8 +101,7 @@ def resolve_learner_split(cfg: Config, encoder: str, shards: int) -> str:
     """`auto` (see SystemConfig.learner_split): weight_grads where it can run and there are 2+ shards."""
     if cfg.system.learner_split != "auto":
         return cfg.system.learner_split
-    eligible = isinstance(shards, int) and shards > 1 and not weight_grads_split_blockers(cfg, encoder)
-    return "weight_grads" if eligible else "rows"
+    return "weight_grads" if shards > 1 and not weight_grads_split_blockers(cfg, encoder) else "rows"
 
 
 def resolve_auto(cfg: Config, flags: set[str] | None = None, cores: int | None = None,

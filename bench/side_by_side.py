@@ -56,6 +56,7 @@ def summary_row(doc: dict) -> dict:
     row["peak_pss_mib"] = train.get("peak_total_pss_mib")
     row["first_sample_s"] = train.get("time_to_first_sample_s")
     row["learner_wait"] = train.get("learner_wait_fraction")
+    row["learner_parallel"] = train.get("learner_parallel_fraction")
     # a round the hypervisor took cores from reads slow for reasons outside the code
     for name in ("sample", "train"):
         shares = doc["stages"].get(name, {}).get("core_shares")

@@ -1,6 +1,7 @@
 """Multi-process runs of the real system, each under a timeout: it starts, samples, trains,
 checkpoints, stops cleanly (also on SIGINT/SIGTERM) and leaves no process or /dev/shm segment."""
 
+import json
 import re
 import signal
 
@@ -134,6 +135,8 @@ def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
     ("sample_minibatches_nice_samplers", ["algo.minibatch_unit=samples", "sampler.num_inference_workers=1",
                                           "system.rollout_nice=7", "system.inference_nice=3",
                                           "system.learner_omp_wait=passive"]),
+    ("two_learner_shards_joining_when_behind", ["algo.minibatch_unit=samples", "system.learner_shards=2",
+                                                "system.learner_threads=1", "system.learner_parallel_backlog=1"]),
 ])
 def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     """Rollout workers that run the policy themselves (no inference process; the short run above
@@ -169,6 +172,10 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
         assert f"rollout workers act in {'torch' if acting_in_torch else 'numpy'}" in run.output
     summary = run.summary()
     assert summary["env_steps"] >= 30000 and summary["train_steps"] > 0 and summary["episodes"] > 0
+    if variant == "two_learner_shards_joining_when_behind":  # each batch reports its minibatches' share
+        fractions = [json.loads(line).get("train/parallel_fraction")
+                     for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert any(f is not None for f in fractions) and all(0 <= f <= 1 for f in fractions if f is not None)
     assert summary["policy_version"] > 0 and summary["failure"] is None
     # the user's wait counts the CLI's imports and setup too, not only the workers' startup
     assert summary["first_sample_after_command_s"] > summary["time_to_first_sample_s"] > 0, summary

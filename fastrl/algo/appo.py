@@ -26,7 +26,7 @@ from fastrl.algo.appo_loss import LossOutput, appo_loss, normalized_advantages
 from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm, clip_scale
-from fastrl.algo.shards import ShardPool, even_cuts
+from fastrl.algo.shards import ShardPool, even_cuts, ran_here
 from fastrl.algo.split_backward import WeightGradThread
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
@@ -89,7 +89,14 @@ class APPOTrainer:
                 raise ValueError("split=weight_grads needs a bf16 working copy, algo.minibatches_per_weights=1 "
                                  "and algo.minibatch_unit=samples")
             # through self.pool each time: set_shards may replace it (with one shard the jobs run in place)
-            self.bf16_copy.split_weight_grads(WeightGradThread(lambda job: self.pool.submit(job)))
+            self.bf16_copy.split_weight_grads(WeightGradThread(
+                lambda job: self.pool.submit(job) if self._parallel_now else ran_here(job)))
+        # asked before each minibatch and each no-grad forward: may the shards' other threads take part?
+        # None: always. The learner process passes its own test (system.learner_parallel).
+        self.parallel_when: Callable[[], bool] | None = None
+        self._parallel_now = True
+        # minibatches run with 2+ shards since construction, and how many of them on all the threads
+        self.minibatches_run = self.minibatches_parallel = 0
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
         self.skipped_total = 0   # optimizer steps dropped for a non-finite loss or gradient
         self.skipped_in_row = 0  # ... since the last good one
@@ -98,6 +105,14 @@ class APPOTrainer:
         """Change how many threads share each minibatch (the bench times 1 beside the configured count)."""
         self.pool.close()
         self.pool = ShardPool(shards)
+
+    def _parallel(self, minibatches: int = 0) -> bool:
+        """Whether the shards' other threads take part in what comes next (`minibatches` of them, counted)."""
+        self._parallel_now = self.pool.shards > 1 and (self.parallel_when is None or self.parallel_when())
+        if self.pool.shards > 1:
+            self.minibatches_run += minibatches
+            self.minibatches_parallel += minibatches if self._parallel_now else 0
+        return self._parallel_now
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -109,7 +124,7 @@ class APPOTrainer:
         T1, B = obs.shape[:2]
         flat = obs.reshape(T1 * B, *obs.shape[2:])
         rows = max(1, NO_GRAD_CHUNK_BYTES // max(1, flat[0].numel() * flat.element_size()))
-        sharded = chunked and self.pool.shards > 1
+        sharded = chunked and self._parallel()
         if not sharded and (not chunked or rows >= flat.shape[0]):
             params, values = self.net(flat)  # one call, nothing to concatenate (the path with autograd)
         else:
@@ -157,7 +172,7 @@ class APPOTrainer:
         self.grad_sum_sq = None
         if self.bf16_copy is not None:
             self.bf16_copy.refresh()  # the weights the last step left
-        if self.pool.shards > 1 and self.split == "rows":
+        if self._parallel(minibatches=1) and self.split == "rows":
             return self._sharded_sample_backward(mb)
         out = minibatch_loss(mb)
         if self.bf16_copy is not None:
@@ -284,7 +299,7 @@ class APPOTrainer:
             if self.bf16_copy is not None:
                 return out, self.bf16_copy.gradients(out.loss)
             return out, torch.autograd.grad(out.loss, self.trained_params, allow_unused=True)
-        return self.pool.map(one, group)
+        return self.pool.map(one, group) if self._parallel(len(group)) else [one(item) for item in group]
 
     @torch.no_grad()
     def _install_gradient(self, grads: tuple) -> None:
@@ -325,6 +340,7 @@ class APPOTrainer:
             self.model.normalizer.update(batch["obs"][:-1][valid])
 
         sums: dict[str, float] = {}
+        run0, parallel0 = self.minibatches_run, self.minibatches_parallel
         steps = 0
         skipped = 0
         for out, grads in (member for group in self._gradient_groups(batch) for member in group):
@@ -360,6 +376,8 @@ class APPOTrainer:
                 sums[name] = sums.get(name, 0.0) + float(value.detach())
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
+        if self.minibatches_run > run0:
+            stats["parallel_fraction"] = (self.minibatches_parallel - parallel0) / (self.minibatches_run - run0)
         valid_lag = lag[valid]
         stats.update(
             sgd_steps=steps, skipped_steps=skipped,

@@ -61,7 +61,8 @@ class SystemProbe:
     def _snapshot(self, stats: RunStats, control: SharedControl) -> dict:
         return {"t": time.monotonic(), "env_steps": stats.env_steps, "wait_s": control.wait_s.array.copy(),
                 "inference": control.inference_counts.array.copy(), "lag_hist": stats.lag_hist.copy(),
-                "dropped": stats.dropped_for_lag}
+                "dropped": stats.dropped_for_lag,
+                "minibatches": np.array([stats.learner.get("minibatches", 0), stats.learner.get("parallel_minibatches", 0)])}
 
     def _count(self, stats: RunStats) -> float:
         """Env steps done: sampled for the sample stage, trained on for the train stage."""
@@ -120,6 +121,7 @@ class SystemProbe:
                                         for i in range(n_inf)])) if n_inf else 0.0
         learner_wait = float(wait_frac[heartbeat_index(cfg, "learner", 0)])
         inf = self.end["inference"] - self.start["inference"]
+        minibatches, parallel = self.end["minibatches"] - self.start["minibatches"]
         lag_hist = self.end["lag_hist"].copy()
         lag_hist[:self.start["lag_hist"].size] -= self.start["lag_hist"]
         window_s = max(1.0, self.seconds / 10)
@@ -133,6 +135,8 @@ class SystemProbe:
                                    None if overall is None else overall * frames_per_env_step).as_dict(),
             "learner_busy_fraction": round(min(1.0, max(0.0, 1 - learner_wait)), 4),
             "learner_wait_fraction": round(min(1.0, max(0.0, learner_wait)), 4),
+            # with learner_shards > 1: the share of its minibatches the learner ran on all its threads
+            "learner_parallel_fraction": round(float(parallel / minibatches), 4) if minibatches else None,
             "rollout_idle_fraction": round(min(1.0, max(0.0, rollout_idle)), 4),
             "inference_busy_fraction": round(min(1.0, max(0.0, inference_busy)), 4),
             "inference_mean_batch": round(float(inf[:, 1].sum() / max(inf[:, 0].sum(), 1)), 1) if n_inf

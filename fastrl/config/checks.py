@@ -83,7 +83,8 @@ def check_config(cfg: Config) -> list[str]:
                        "system.heartbeat_timeout_s": sysc.heartbeat_timeout_s}.items():
         if not value > 0:
             problems.append(f"{key} must be > 0, got {value}")
-    for key, value in {"algo.gamma": a.gamma, "algo.vtrace_lambda": a.vtrace_lambda}.items():
+    for key, value in {"algo.gamma": a.gamma, "algo.vtrace_lambda": a.vtrace_lambda,
+                       "system.learner_parallel_backlog": sysc.learner_parallel_backlog}.items():
         if not 0.0 <= value <= 1.0:
             problems.append(f"{key} must be in [0, 1], got {value}")
     for key in ("rollout_nice", "inference_nice"):

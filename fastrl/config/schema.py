@@ -150,6 +150,16 @@ class SystemConfig:
         "AVX-512 EPYC, Pong preset, fastrl bench train stage, weight_grads against rows, alternated: 1.045x over 6 "
         "rounds (1.006-1.187, all six faster), the learner's CPU per env step 0.93x, the learn stage alone 0.85x "
         "(its critical path is longer; its CPU per sample is one thread's); bench/README, stop 39.")
+    learner_parallel_backlog: float = opt(
+        0.0, "How much of the next batch must already wait in full slots before the learner's other shard threads "
+        "(learner_shards > 1) join a minibatch; below it the learner runs the minibatch on one thread and leaves the "
+        "other core to the samplers. 0: always all threads. 1: only while a whole batch waits, so that the next batch "
+        "is there when this one ends and the learner never waits for data, at the price of a standing queue: the "
+        "samples are older by about a batch's optimizer steps. The gradients are the same either way (with "
+        "learner_split weight_grads bit for bit). Pong preset, AVX-512 EPYC, fastrl bench train stage alternated with "
+        "0: at 1 the learner waiting 5-6% -> 0.1% and env steps/s a tie (10 rounds, median 0.997x), but policy lag "
+        "p50 ~33 -> 64, and seed 1 took 1.58M env steps to +18 where 0 took 1.38M; at 0.5 the same (5 rounds: "
+        "waiting 3.6% -> 0.3%, 1.004x, lag p50 32-53 -> 64-75). So 0 (bench/README, stop 40).")
     learner_omp_wait: Literal["inherit", "active", "passive"] = opt(
         "inherit", "How the learner's OpenMP threads wait at a barrier (OMP_WAIT_POLICY, set before it loads "
         "torch). active spins, fastest when nothing else wants the core; passive sleeps at once, so when a "

@@ -124,7 +124,7 @@ class RunStats:
             out["episode/return_mean"] = self.mean_score
             out["episode/length_mean"] = float(np.mean(self.lengths))
         for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "lr",
-                    "lag_min", "lag_mean", "lag_max", "dropped_for_lag", "skipped_steps",
+                    "lag_min", "lag_mean", "lag_max", "dropped_for_lag", "skipped_steps", "parallel_fraction",
                     "nonfinite_steps_skipped"):
             if key in self.learner:
                 out[f"train/{key}"] = float(self.learner[key])

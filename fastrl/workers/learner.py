@@ -9,6 +9,7 @@ and once more on the way out.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -64,6 +65,10 @@ class Learner:
         self.train_steps = 0  # batches trained
         self.slots_needed = slots_per_batch(cfg)
         self.pending: list[int] = []  # full slots taken from the rollout workers' rings, oldest first
+        # the full slots that must wait before the other shard threads join a minibatch (0: always)
+        self.parallel_after_slots = math.ceil(cfg.system.learner_parallel_backlog * self.slots_needed)
+        if self.parallel_after_slots > 0:
+            self.trainer.parallel_when = self._backlog_waiting
         ch = ctx.channels
         self.full_rings, self.free_rings, self.bell = ch.full_slots, ch.free_slots, ch.learner_bell
         self.last_freed_to = -1  # the rollout worker that got the last freed slot
@@ -125,6 +130,13 @@ class Learner:
             self.wait_s += waited
             self.ctx.control.add_wait(self.hb, waited)
 
+    def _backlog_waiting(self) -> bool:
+        """Asked during training: are system.learner_parallel_backlog's share of the next batch's slots full?"""
+        if len(self.pending) < self.parallel_after_slots:
+            for ring in self.full_rings:
+                self.pending.extend(slot for (slot,) in ring.pop_all())
+        return len(self.pending) >= self.parallel_after_slots
+
     def _assemble(self) -> dict:
         """Copy the batch's slots out of shared memory, time-major [T(+1), slots*envs, ...], and free them."""
         ids = self._take_batch_slots()
@@ -162,7 +174,8 @@ class Learner:
             self.train_steps += 1
         self.busy_s += time.perf_counter() - started
         stats.update(kind="learner", policy_version=self.trainer.policy_version, train_steps=self.train_steps,
-                     busy_s=self.busy_s, wait_s=self.wait_s, nonfinite_steps_skipped=self.trainer.skipped_total)
+                     busy_s=self.busy_s, wait_s=self.wait_s, nonfinite_steps_skipped=self.trainer.skipped_total,
+                     minibatches=self.trainer.minibatches_run, parallel_minibatches=self.trainer.minibatches_parallel)
         put_report(self.reports, stats)
         self.ctx.control.beat(self.hb)
         limit = cfg.system.max_nonfinite_steps_in_row

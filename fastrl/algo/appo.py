@@ -92,7 +92,7 @@ class APPOTrainer:
             self.bf16_copy.split_weight_grads(WeightGradThread(
                 lambda job: self.pool.submit(job) if self._parallel_now else ran_here(job)))
         # asked before each minibatch and each no-grad forward: may the shards' other threads take part?
-        # None: always. The learner process passes its own test (system.learner_parallel).
+        # None: always. The learner process passes its own test (system.learner_parallel_backlog).
         self.parallel_when: Callable[[], bool] | None = None
         self._parallel_now = True
         # minibatches run with 2+ shards since construction, and how many of them on all the threads

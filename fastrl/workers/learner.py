@@ -116,8 +116,7 @@ class Learner:
         started = time.perf_counter()
         try:
             while len(self.pending) < self.slots_needed:
-                for ring in self.full_rings:
-                    self.pending.extend(slot for (slot,) in ring.pop_all())
+                self._take_full_slots()
                 self.ctx.control.beat(self.hb)
                 if len(self.pending) >= self.slots_needed:
                     break
@@ -133,9 +132,13 @@ class Learner:
     def _backlog_waiting(self) -> bool:
         """Asked during training: are system.learner_parallel_backlog's share of the next batch's slots full?"""
         if len(self.pending) < self.parallel_after_slots:
-            for ring in self.full_rings:
-                self.pending.extend(slot for (slot,) in ring.pop_all())
+            self._take_full_slots()
         return len(self.pending) >= self.parallel_after_slots
+
+    def _take_full_slots(self) -> None:
+        """Every slot the rollout workers have filled since the last look, onto `pending`."""
+        for ring in self.full_rings:
+            self.pending.extend(slot for (slot,) in ring.pop_all())
 
     def _assemble(self) -> dict:
         """Copy the batch's slots out of shared memory, time-major [T(+1), slots*envs, ...], and free them."""

@@ -136,7 +136,7 @@ def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
                                           "system.rollout_nice=7", "system.inference_nice=3",
                                           "system.learner_omp_wait=passive"]),
     ("two_learner_shards_joining_when_behind", ["algo.minibatch_unit=samples", "system.learner_shards=2",
-                                                "system.learner_threads=1", "system.learner_parallel_backlog=1"]),
+                                                "system.learner_threads=1", "system.learner_serial_tail=0.5"]),
 ])
 def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     """Rollout workers that run the policy themselves (no inference process; the short run above

@@ -1,4 +1,4 @@
-"""system.learner_parallel_backlog: a learner whose shards run one minibatch in parallel only when asked
+"""system.learner_serial_tail and learner_parallel_backlog: a learner whose shards run one minibatch in parallel only when asked
 (APPOTrainer.parallel_when) trains as one shard does when told no, bit for bit, counts what ran
 where, and the learner process asks whether enough of its next batch is already waiting."""
 
@@ -100,26 +100,46 @@ class _Ring:
         return out
 
 
-@pytest.mark.parametrize("backlog, slots", [(1.0, 2), (0.5, 1), (0.01, 1)])
-def test_the_learner_calls_itself_behind_once_its_backlogs_share_of_the_next_batch_is_full(backlog, slots):
+def _learner(tail: float, backlog: float) -> Learner:
     learner = object.__new__(Learner)  # only the slot bookkeeping, no processes
     learner.slots_needed, learner.pending = 2, []
     learner.parallel_after_slots = math.ceil(backlog * learner.slots_needed)
-    assert learner.parallel_after_slots == slots
+    learner.parallel_until = (1 - tail) * 32  # 2 epochs x 16 minibatches
+    learner.trainer = type("Counts", (), {"minibatches_run": 100})()
+    learner.batch_first_minibatch = 100
     learner.full_rings = [_Ring([]), _Ring([])]
-    assert not learner._backlog_waiting()
+    return learner
+
+
+@pytest.mark.parametrize("backlog, slots", [(1.0, 2), (0.5, 1), (0.01, 1)])
+def test_in_the_serial_tail_the_learner_goes_parallel_once_its_backlog_of_the_next_batch_is_full(backlog, slots):
+    learner = _learner(tail=1.0, backlog=backlog)  # every minibatch in the tail
+    assert learner.parallel_after_slots == slots
+    assert not learner._parallel_now_ok()
     learner.full_rings[1].slots.append(7)
-    assert learner._backlog_waiting() == (slots == 1)
+    assert learner._parallel_now_ok() == (slots == 1)
     assert learner.pending == [7]
     learner.full_rings[0].slots.append(3)
-    assert learner._backlog_waiting()
+    assert learner._parallel_now_ok()
     assert learner.pending == ([7, 3] if slots == 2 else [7])  # enough already: the rings are not read
     learner.full_rings[1].slots.append(9)
-    assert learner._backlog_waiting() and len(learner.pending) == slots
+    assert learner._parallel_now_ok() and len(learner.pending) == slots
+
+
+def test_before_the_serial_tail_every_minibatch_runs_parallel_without_looking_at_the_rings():
+    learner = _learner(tail=0.25, backlog=1.0)
+    learner.full_rings[0].slots.append(5)
+    for index in range(32):
+        learner.trainer.minibatches_run = 100 + index
+        assert learner._parallel_now_ok() == (index < 24), index
+    assert learner.pending == [5]  # read only once the tail began
+    learner.batch_first_minibatch = learner.trainer.minibatches_run = 132  # the next batch begins
+    assert learner._parallel_now_ok()
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5])
-def test_a_backlog_outside_0_to_1_is_refused(value):
+@pytest.mark.parametrize("key", ["learner_parallel_backlog", "learner_serial_tail"])
+def test_shares_outside_0_to_1_are_refused(value, key):
     from fastrl.config.checks import check_config
-    cfg = load_config(str(ROOT / "configs/atari_pong.yaml"), [f"system.learner_parallel_backlog={value}"])
-    assert any("system.learner_parallel_backlog must be in [0, 1]" in p for p in check_config(cfg))
+    cfg = load_config(str(ROOT / "configs/atari_pong.yaml"), [f"system.{key}={value}"])
+    assert any(f"system.{key} must be in [0, 1]" in p for p in check_config(cfg))

@@ -84,7 +84,8 @@ def check_config(cfg: Config) -> list[str]:
         if not value > 0:
             problems.append(f"{key} must be > 0, got {value}")
     for key, value in {"algo.gamma": a.gamma, "algo.vtrace_lambda": a.vtrace_lambda,
-                       "system.learner_parallel_backlog": sysc.learner_parallel_backlog}.items():
+                       "system.learner_parallel_backlog": sysc.learner_parallel_backlog,
+                       "system.learner_serial_tail": sysc.learner_serial_tail}.items():
         if not 0.0 <= value <= 1.0:
             problems.append(f"{key} must be in [0, 1], got {value}")
     for key in ("rollout_nice", "inference_nice"):

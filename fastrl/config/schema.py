@@ -150,16 +150,19 @@ class SystemConfig:
         "AVX-512 EPYC, Pong preset, fastrl bench train stage, weight_grads against rows, alternated: 1.045x over 6 "
         "rounds (1.006-1.187, all six faster), the learner's CPU per env step 0.93x, the learn stage alone 0.85x "
         "(its critical path is longer; its CPU per sample is one thread's); bench/README, stop 39.")
+    learner_serial_tail: float = opt(
+        0.0, "With learner_shards > 1: the last share of each batch's minibatches in which the learner's other threads "
+        "join a minibatch only while learner_parallel_backlog's share of the next batch already waits in full slots; "
+        "otherwise that minibatch runs on one thread and the samplers get the other core, so that the next batch is "
+        "more often there when this one ends. 0: every minibatch on all threads. The gradients are the same either "
+        "way (with learner_split weight_grads bit for bit). Pong preset, AVX-512 EPYC, fastrl bench train stage "
+        "alternated with 0: at 0.25 the learner waiting 5.1% -> 2.8%, policy lag p50 35 -> 39, env steps/s a tie "
+        "(5 rounds, 1.008x); at 1 (every minibatch tested) the wait 5-6% -> 0.1% but lag p50 ~35 -> 64 as the "
+        "learner keeps a batch queued. Both learned slower on seed 1: +18 at 1.58M env steps at 1, +13.7 at 1.67M "
+        "at 0.25, where 0 reached +18 at 1.38M (one run each; bench/README, stop 40).")
     learner_parallel_backlog: float = opt(
-        0.0, "How much of the next batch must already wait in full slots before the learner's other shard threads "
-        "(learner_shards > 1) join a minibatch; below it the learner runs the minibatch on one thread and leaves the "
-        "other core to the samplers. 0: always all threads. 1: only while a whole batch waits, so that the next batch "
-        "is there when this one ends and the learner never waits for data, at the price of a standing queue: the "
-        "samples are older by about a batch's optimizer steps. The gradients are the same either way (with "
-        "learner_split weight_grads bit for bit). Pong preset, AVX-512 EPYC, fastrl bench train stage alternated with "
-        "0: at 1 the learner waiting 5-6% -> 0.1% and env steps/s a tie (10 rounds, median 0.997x), but policy lag "
-        "p50 ~33 -> 64, and seed 1 took 1.58M env steps to +18 where 0 took 1.38M; at 0.5 the same (5 rounds: "
-        "waiting 3.6% -> 0.3%, 1.004x, lag p50 32-53 -> 64-75). So 0 (bench/README, stop 40).")
+        1.0, "The share of the next batch that must wait in full slots for the learner's other threads to join a "
+        "minibatch in learner_serial_tail's share of a batch (1: the whole next batch).")
     learner_omp_wait: Literal["inherit", "active", "passive"] = opt(
         "inherit", "How the learner's OpenMP threads wait at a barrier (OMP_WAIT_POLICY, set before it loads "
         "torch). active spins, fastest when nothing else wants the core; passive sleeps at once, so when a "

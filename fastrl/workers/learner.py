@@ -65,10 +65,13 @@ class Learner:
         self.train_steps = 0  # batches trained
         self.slots_needed = slots_per_batch(cfg)
         self.pending: list[int] = []  # full slots taken from the rollout workers' rings, oldest first
-        # the full slots that must wait before the other shard threads join a minibatch (0: always)
+        # In the last learner_serial_tail of each batch's minibatches the other shard threads join one only
+        # while this many of the next batch's slots are full (see _parallel_now_ok)
         self.parallel_after_slots = math.ceil(cfg.system.learner_parallel_backlog * self.slots_needed)
-        if self.parallel_after_slots > 0:
-            self.trainer.parallel_when = self._backlog_waiting
+        self.parallel_until = (1 - cfg.system.learner_serial_tail) * cfg.algo.num_epochs * cfg.algo.num_minibatches
+        self.batch_first_minibatch = 0  # the trainer's minibatch count when the current batch began
+        if cfg.system.learner_serial_tail > 0 and self.parallel_after_slots > 0:
+            self.trainer.parallel_when = self._parallel_now_ok
         ch = ctx.channels
         self.full_rings, self.free_rings, self.bell = ch.full_slots, ch.free_slots, ch.learner_bell
         self.last_freed_to = -1  # the rollout worker that got the last freed slot
@@ -129,8 +132,11 @@ class Learner:
             self.wait_s += waited
             self.ctx.control.add_wait(self.hb, waited)
 
-    def _backlog_waiting(self) -> bool:
-        """Asked during training: are system.learner_parallel_backlog's share of the next batch's slots full?"""
+    def _parallel_now_ok(self) -> bool:
+        """Asked during training: may the other shard threads join what comes next? Yes before the batch's
+        serial tail; in it, only while system.learner_parallel_backlog's share of the next batch is full."""
+        if self.trainer.minibatches_run - self.batch_first_minibatch < self.parallel_until:
+            return True
         if len(self.pending) < self.parallel_after_slots:
             self._take_full_slots()
         return len(self.pending) >= self.parallel_after_slots
@@ -172,6 +178,7 @@ class Learner:
         else:
             batch = self._assemble()
             self.trainer.set_lr(scheduled_lr(cfg.algo, self.env_steps(), cfg.run.train_for_env_steps))
+            self.batch_first_minibatch = self.trainer.minibatches_run
             stats = self.trainer.train(batch, publish=self._publish,
                                        should_stop=lambda: self.ctx.control.stop_requested)
             self.train_steps += 1

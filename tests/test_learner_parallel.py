@@ -55,7 +55,7 @@ def test_a_learner_told_no_runs_on_one_thread_as_one_shard_does(split):
     trainer = _trainer(2, split)
     trainer.pool.close()
     trainer.pool = _NoThreads()
-    trainer.parallel_when = lambda: False
+    trainer.parallel_when = lambda minibatches_done: False
     got, stats = _trained(trainer)
     for p, q in zip(got, want):
         assert torch.equal(p, q)
@@ -70,22 +70,22 @@ def test_weight_grads_switching_per_minibatch_keeps_one_threads_bits():
     trainer = _trainer(2, "weight_grads")
     asked = []
 
-    def every_other_minibatch() -> bool:
-        asked.append(trainer.minibatches_run)
-        return len(asked) > 1 and trainer.minibatches_run % 2 == 1
+    def every_other_minibatch(minibatches_done: int) -> bool:
+        asked.append(minibatches_done)
+        return len(asked) > 1 and minibatches_done % 2 == 1
 
     trainer.parallel_when = every_other_minibatch
     got, stats = _trained(trainer)
     for p, q in zip(got, want):
         assert torch.equal(p, q)
-    assert len(asked) == 9  # the batch's no-grad forward, then 8 minibatches
+    assert asked == [0, *range(8)]  # the batch's no-grad forward, then 8 minibatches
     assert (trainer.minibatches_run, trainer.minibatches_parallel) == (8, 4)
     assert stats["parallel_fraction"] == 0.5
 
 
 def test_one_shard_counts_nothing_and_never_asks():
     trainer = _trainer(1, "rows")
-    trainer.parallel_when = lambda: pytest.fail("asked with one shard")
+    trainer.parallel_when = lambda minibatches_done: pytest.fail("asked with one shard")
     _, stats = _trained(trainer)
     assert (trainer.minibatches_run, trainer.minibatches_parallel) == (0, 0)
     assert "parallel_fraction" not in stats
@@ -105,8 +105,6 @@ def _learner(tail: float, backlog: float) -> Learner:
     learner.slots_needed, learner.pending = 2, []
     learner.parallel_after_slots = math.ceil(backlog * learner.slots_needed)
     learner.parallel_until = (1 - tail) * 32  # 2 epochs x 16 minibatches
-    learner.trainer = type("Counts", (), {"minibatches_run": 100})()
-    learner.batch_first_minibatch = 100
     learner.full_rings = [_Ring([]), _Ring([])]
     return learner
 
@@ -115,26 +113,24 @@ def _learner(tail: float, backlog: float) -> Learner:
 def test_in_the_serial_tail_the_learner_goes_parallel_once_its_backlog_of_the_next_batch_is_full(backlog, slots):
     learner = _learner(tail=1.0, backlog=backlog)  # every minibatch in the tail
     assert learner.parallel_after_slots == slots
-    assert not learner._parallel_now_ok()
+    assert not learner._parallel_now_ok(0)
     learner.full_rings[1].slots.append(7)
-    assert learner._parallel_now_ok() == (slots == 1)
+    assert learner._parallel_now_ok(1) == (slots == 1)
     assert learner.pending == [7]
     learner.full_rings[0].slots.append(3)
-    assert learner._parallel_now_ok()
+    assert learner._parallel_now_ok(2)
     assert learner.pending == ([7, 3] if slots == 2 else [7])  # enough already: the rings are not read
     learner.full_rings[1].slots.append(9)
-    assert learner._parallel_now_ok() and len(learner.pending) == slots
+    assert learner._parallel_now_ok(3) and len(learner.pending) == slots
 
 
 def test_before_the_serial_tail_every_minibatch_runs_parallel_without_looking_at_the_rings():
     learner = _learner(tail=0.25, backlog=1.0)
     learner.full_rings[0].slots.append(5)
     for index in range(32):
-        learner.trainer.minibatches_run = 100 + index
-        assert learner._parallel_now_ok() == (index < 24), index
+        assert learner._parallel_now_ok(index) == (index < 24), index
     assert learner.pending == [5]  # read only once the tail began
-    learner.batch_first_minibatch = learner.trainer.minibatches_run = 132  # the next batch begins
-    assert learner._parallel_now_ok()
+    assert learner._parallel_now_ok(0)  # the next batch begins
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5])

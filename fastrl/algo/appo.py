@@ -91,12 +91,14 @@ class APPOTrainer:
             # through self.pool each time: set_shards may replace it (with one shard the jobs run in place)
             self.bf16_copy.split_weight_grads(WeightGradThread(
                 lambda job: self.pool.submit(job) if self._parallel_now else ran_here(job)))
-        # asked before each minibatch and each no-grad forward: may the shards' other threads take part?
-        # None: always. The learner process passes its own test (system.learner_parallel_backlog).
-        self.parallel_when: Callable[[], bool] | None = None
+        # asked before each minibatch and each no-grad forward, with how many of the batch's minibatches have
+        # run: may the shards' other threads take part? None: always. The learner process passes its own test
+        # (system.learner_serial_tail).
+        self.parallel_when: Callable[[int], bool] | None = None
         self._parallel_now = True
         # minibatches run with 2+ shards since construction, and how many of them on all the threads
         self.minibatches_run = self.minibatches_parallel = 0
+        self._batch_first_minibatch = 0  # minibatches_run when the current batch began
         self.policy_version = 0  # number of optimizer steps taken: the version stamped on published weights
         self.skipped_total = 0   # optimizer steps dropped for a non-finite loss or gradient
         self.skipped_in_row = 0  # ... since the last good one
@@ -108,10 +110,13 @@ class APPOTrainer:
 
     def _parallel(self, minibatches: int = 0) -> bool:
         """Whether the shards' other threads take part in what comes next (`minibatches` of them, counted)."""
-        self._parallel_now = self.pool.shards > 1 and (self.parallel_when is None or self.parallel_when())
-        if self.pool.shards > 1:
-            self.minibatches_run += minibatches
-            self.minibatches_parallel += minibatches if self._parallel_now else 0
+        if self.pool.shards == 1:
+            self._parallel_now = False
+            return False
+        done = self.minibatches_run - self._batch_first_minibatch
+        self._parallel_now = self.parallel_when is None or self.parallel_when(done)
+        self.minibatches_run += minibatches
+        self.minibatches_parallel += minibatches if self._parallel_now else 0
         return self._parallel_now
 
     def set_lr(self, lr: float) -> None:
@@ -341,6 +346,7 @@ class APPOTrainer:
 
         sums: dict[str, float] = {}
         run0, parallel0 = self.minibatches_run, self.minibatches_parallel
+        self._batch_first_minibatch = run0
         steps = 0
         skipped = 0
         for out, grads in (member for group in self._gradient_groups(batch) for member in group):

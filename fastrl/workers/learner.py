@@ -69,7 +69,6 @@ class Learner:
         # while this many of the next batch's slots are full (see _parallel_now_ok)
         self.parallel_after_slots = math.ceil(cfg.system.learner_parallel_backlog * self.slots_needed)
         self.parallel_until = (1 - cfg.system.learner_serial_tail) * cfg.algo.num_epochs * cfg.algo.num_minibatches
-        self.batch_first_minibatch = 0  # the trainer's minibatch count when the current batch began
         if cfg.system.learner_serial_tail > 0 and self.parallel_after_slots > 0:
             self.trainer.parallel_when = self._parallel_now_ok
         ch = ctx.channels
@@ -132,10 +131,11 @@ class Learner:
             self.wait_s += waited
             self.ctx.control.add_wait(self.hb, waited)
 
-    def _parallel_now_ok(self) -> bool:
-        """Asked during training: may the other shard threads join what comes next? Yes before the batch's
-        serial tail; in it, only while system.learner_parallel_backlog's share of the next batch is full."""
-        if self.trainer.minibatches_run - self.batch_first_minibatch < self.parallel_until:
+    def _parallel_now_ok(self, minibatches_done: int) -> bool:
+        """Asked during training, with how many of the batch's minibatches have run: may the other shard
+        threads join what comes next? Yes before the batch's serial tail; in it, only while
+        system.learner_parallel_backlog's share of the next batch is full."""
+        if minibatches_done < self.parallel_until:
             return True
         if len(self.pending) < self.parallel_after_slots:
             self._take_full_slots()
@@ -178,7 +178,6 @@ class Learner:
         else:
             batch = self._assemble()
             self.trainer.set_lr(scheduled_lr(cfg.algo, self.env_steps(), cfg.run.train_for_env_steps))
-            self.batch_first_minibatch = self.trainer.minibatches_run
             stats = self.trainer.train(batch, publish=self._publish,
                                        should_stop=lambda: self.ctx.control.stop_requested)
             self.train_steps += 1

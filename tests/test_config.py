@@ -106,6 +106,18 @@ def test_a_run_saved_before_sampler_nice_was_split_resumes_with_its_old_meaning(
         load_config(overrides=["system.sampler_nice=3"])
 
 
+def test_a_run_saved_with_rollout_sched_batch_resumes_under_the_policy_it_meant():
+    for old, policy in ((True, "batch"), (False, "normal")):
+        saved = config_to_dict(load_config(ROOT / "configs/cartpole.yaml"))
+        del saved["system"]["rollout_sched_policy"]
+        saved["system"]["rollout_sched_batch"] = old  # what config.json held before the policy setting
+        assert config_from_dict(saved).system.rollout_sched_policy == policy
+    with pytest.raises(ConfigError, match="rollout_sched_policy replaced it"):
+        load_config(overrides=["system.rollout_sched_batch=true"])
+    with pytest.raises(ConfigError, match="rollout_sched_policy"):
+        load_config(overrides=["system.rollout_sched_policy=fifo"])  # only the policies an unprivileged user may take
+
+
 def test_native_paths_without_a_built_fastrl_ext_are_a_config_error(monkeypatch):
     """No compiler at install time: the run must say which switches fall back, not crash in a worker."""
     import fastrl_ext

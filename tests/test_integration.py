@@ -130,7 +130,7 @@ def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
     ("in_rollout_acting", ["sampler.num_inference_workers=0"]),  # the CartPole preset's own setting (numpy)
     ("in_rollout_acting_torch", ["sampler.num_inference_workers=0", "sampler.acting_backend=torch"]),
     ("in_rollout_acting_numpy_reference", ["sampler.num_inference_workers=0", "system.native_acting=false",
-                                           "system.rollout_sched_batch=false"]),
+                                           "system.rollout_sched_policy=normal"]),
     ("python_rings", ["system.native_rings=false", "sampler.num_inference_workers=1"]),
     ("sample_minibatches_nice_samplers", ["algo.minibatch_unit=samples", "sampler.num_inference_workers=1",
                                           "system.rollout_nice=7", "system.inference_nice=3",

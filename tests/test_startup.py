@@ -46,24 +46,25 @@ thread = threading.Thread(target=lambda: (started.set(), done.wait()))
 thread.start()
 started.wait()
 base = os.getpriority(os.PRIO_PROCESS, 0)
-lower_priority(3, sched_batch=sys.argv[1] == "batch")
+lower_priority(3, sys.argv[1])
 later = threading.Thread(target=done.wait)  # created afterwards, as a rollout worker's later env groups are
 later.start()
 tids = [int(t) for t in os.listdir("/proc/self/task")]
 policies = {os.sched_getscheduler(t) for t in tids}
+names = {os.SCHED_OTHER: "normal", os.SCHED_BATCH: "batch", os.SCHED_IDLE: "idle"}
 print(len(tids), sorted({os.getpriority(os.PRIO_PROCESS, t) - base for t in tids}),
-      "batch" if policies == {os.SCHED_BATCH} else "other" if policies == {os.SCHED_OTHER} else "mixed")
+      names[policies.pop()] if len(policies) == 1 else "mixed")
 done.set()
 """
 
 
 def test_lower_priority_reaches_threads_that_already_exist():
     """os.nice() would change the calling thread only; envpool's threads exist when a rollout worker lowers its priority."""
-    for mode in ("plain", "batch"):
-        out = subprocess.run([sys.executable, "-c", LOWER_PRIORITY_IN_A_CHILD, mode], capture_output=True, text=True,
+    for policy in ("normal", "batch", "idle"):
+        out = subprocess.run([sys.executable, "-c", LOWER_PRIORITY_IN_A_CHILD, policy], capture_output=True, text=True,
                              cwd=ROOT, timeout=60, check=True).stdout.split()
-        # every thread, the one made before the call and the one made after, 3 nicer and (batch) SCHED_BATCH
-        assert int(out[0]) >= 3 and out[1] == "[3]" and out[2] == ("batch" if mode == "batch" else "other"), out
+        # every thread, the one made before the call and the one made after, 3 nicer and under the policy
+        assert int(out[0]) >= 3 and out[1] == "[3]" and out[2] == policy, out
 
 
 HEAP_REUSE_IN_A_CHILD = """

@@ -121,22 +121,36 @@ def apply_mapping(cfg: Config, data: Any, origin: str, problems: list[str]) -> N
             set_value(cfg, f"{section_name}.{key}", value, origin, problems)
 
 
-# keys that no longer exist -> the keys that replaced them: a saved config.json carries the old
-# value over to each (resuming keeps its meaning); a preset or --set that names it is refused
+@dataclasses.dataclass(frozen=True)
+class RetiredKey:
+    """A key that no longer exists: the keys that replaced it, what a refusal tells the user, and how its
+    old value reads in the new keys (a saved config.json carries it over, so resuming keeps its meaning)."""
+    replaced_by: tuple[str, ...]
+    how: str
+    old_to_new: typing.Callable[[Any], Any] = lambda value: value
+
+
+# a saved config.json that names one resumes with its old meaning; a preset or --set that names it is refused
 RETIRED_KEYS = {
-    "system.sampler_nice": ("system.rollout_nice", "system.inference_nice"),
+    "system.sampler_nice": RetiredKey(
+        ("system.rollout_nice", "system.inference_nice"),
+        "it was split into system.rollout_nice and system.inference_nice (set each to the old value for its old meaning)"),
+    "system.rollout_sched_batch": RetiredKey(
+        ("system.rollout_sched_policy",),
+        "system.rollout_sched_policy replaced it (true is 'batch', false 'normal')",
+        lambda value: "batch" if value is True else "normal" if value is False else value),
 }
 
 
 def _migrate_saved(saved: dict) -> dict:
     """A run saved before a key was retired resumes with that key's old meaning."""
     saved = {section: dict(values) if isinstance(values, dict) else values for section, values in saved.items()}
-    for old, replacements in RETIRED_KEYS.items():
+    for old, retired in RETIRED_KEYS.items():
         section, _, key = old.partition(".")
         values = saved.get(section)
         if isinstance(values, dict) and key in values:
-            value = values.pop(key)
-            for new in replacements:
+            value = retired.old_to_new(values.pop(key))
+            for new in retired.replaced_by:
                 new_section, _, new_key = new.partition(".")
                 saved.setdefault(new_section, {}).setdefault(new_key, value)
     return saved
@@ -151,8 +165,7 @@ def set_value(cfg: Config, dotted_key: str, value: Any, origin: str, problems: l
     section = sections[section_name]
     types = _field_types(section)
     if dotted_key in RETIRED_KEYS:
-        problems.append(f"{origin}: '{dotted_key}' is no longer a setting: it was split into "
-                        f"{' and '.join(RETIRED_KEYS[dotted_key])} (set each to the old value for its old meaning)")
+        problems.append(f"{origin}: '{dotted_key}' is no longer a setting: {RETIRED_KEYS[dotted_key].how}")
         return
     if key not in types:
         import difflib

@@ -185,12 +185,15 @@ class SystemConfig:
     rollout_nice: int = opt(
         0, "Niceness added to rollout workers (0-19): the learner keeps its core when it is the bottleneck, "
         "while rollout workers still get all the CPU it leaves idle.")
-    rollout_sched_batch: bool = opt(
-        False, "Rollout workers' threads run under Linux's SCHED_BATCH: a woken rollout thread waits for the "
-        "running thread's time slice instead of preempting it, while its CPU share stays (that is rollout_nice's "
-        "job). Pays where a learner-bound run's rollout threads sleep and wake thousands of times a second "
-        "(CartPole: ~2,000 preemptions of the learner a second without it, training 1.14x with it); costs where "
-        "the rollouts are the heavier side (HalfCheetah ~0.85x).")
+    rollout_sched_policy: Literal["normal", "batch", "idle"] = opt(
+        "normal", "Linux scheduling policy of the rollout workers' threads. batch (SCHED_BATCH): a woken rollout "
+        "thread waits for the running thread's time slice instead of preempting it, while its CPU share stays "
+        "(rollout_nice's job); pays where a learner-bound run's rollout threads sleep and wake thousands of times "
+        "a second (CartPole: training 1.14x), costs where the rollouts are the heavier side (HalfCheetah ~0.85x). "
+        "idle (SCHED_IDLE): the threads run only on CPU no normal thread wants (rollout_nice no longer matters) "
+        "and never preempt a normal thread when they wake; on Pong fewer of them sat queued behind another thread "
+        "while a core idled, and the inference worker ran in longer slices: sampling 1.11x, training a tie. On a "
+        "shared machine idle rollouts get next to nothing while other programs are busy.")
     inference_nice: int = opt(
         0, "Niceness added to inference workers (0-19). Below rollout_nice, the one serial inference process "
         "is not starved by the env threads it feeds; a learner-bound run then never waits for data.")

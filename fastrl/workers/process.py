@@ -125,23 +125,28 @@ def keep_freed_heap(keep_mib: int) -> bool:
         return False
 
 
-def lower_priority(nice: int, sched_batch: bool = False) -> None:
-    """Add `nice` to every thread of this process (system.rollout_nice / inference_nice).
+SCHED_POLICIES = {"normal": "SCHED_OTHER", "batch": "SCHED_BATCH", "idle": "SCHED_IDLE"}
+
+
+def lower_priority(nice: int, sched_policy: str = "normal") -> None:
+    """Add `nice` to every thread of this process (system.rollout_nice / inference_nice), and move them to
+    Linux's scheduling policy `sched_policy` (system.rollout_sched_policy: normal, batch or idle).
 
     A learner-bound run wants the learner never preempted; samplers at a lower priority still get
     every cycle the learner leaves, and it leaves them all while it waits for data. Samplers call
     this once they are ready (first envs made, network built): until the first sample no learner
     runs, and their startup is the path to it. On Linux os.nice() changes the calling thread only,
-    and envpool's threads exist by then; threads created afterwards inherit their creator's value.
-    `sched_batch` (system.rollout_sched_batch) also moves every thread to SCHED_BATCH, inherited the same way."""
-    if not nice and not sched_batch:
+    and envpool's threads exist by then; threads created afterwards inherit their creator's value
+    and policy."""
+    if not nice and sched_policy == "normal":
         return
-    if sched_batch and not hasattr(os, "SCHED_BATCH"):
-        raise RuntimeError("system.rollout_sched_batch needs Linux's SCHED_BATCH")
+    policy = getattr(os, SCHED_POLICIES[sched_policy], None)
+    if policy is None:
+        raise RuntimeError(f"system.rollout_sched_policy={sched_policy} needs Linux's {SCHED_POLICIES[sched_policy]}")
     for tid in os.listdir("/proc/self/task"):
         try:
-            if sched_batch:
-                os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
+            if sched_policy != "normal":
+                os.sched_setscheduler(int(tid), policy, os.sched_param(0))
             if nice:
                 os.setpriority(os.PRIO_PROCESS, int(tid), os.getpriority(os.PRIO_PROCESS, int(tid)) + nice)
         except (ProcessLookupError, ValueError):

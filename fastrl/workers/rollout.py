@@ -29,7 +29,8 @@ from fastrl.envs import make_split
 from fastrl.ipc import put_report, wait_any
 from fastrl.workers.native_steps import NativeSteps, unavailable_reason
 from fastrl.workers.recording import make_recorder
-from fastrl.workers.process import WorkerContext, heartbeat_index, lower_priority, seconds_since_process_start
+from fastrl.workers.process import (SCHED_POLICIES, WorkerContext, heartbeat_index, lower_priority,
+                                   seconds_since_process_start)
 
 POLL_S = 0.1
 FIRST_SAMPLE_WAIT_S = 10.0  # the longest a worker other than the first waits for it before making envs
@@ -131,7 +132,7 @@ class RolloutWorker:
 
     def _lower_priority(self) -> None:
         if self.block:  # a worker process; the serial driver's workers live in the runner's
-            lower_priority(self.ctx.cfg.system.rollout_nice, self.ctx.cfg.system.rollout_sched_batch)
+            lower_priority(self.ctx.cfg.system.rollout_nice, self.ctx.cfg.system.rollout_sched_policy)
 
     def _make_group(self, split: int):
         cfg = self.ctx.cfg
@@ -283,7 +284,8 @@ class RolloutWorker:
             self.start()  # a stop can arrive while waiting for a first free slot: waits raise Stopped
             self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start, nice %d%s%s",
                           len(self.envs), self.num_envs, seconds_since_process_start(), os.nice(0),
-                          ", SCHED_BATCH" if self.ctx.cfg.system.rollout_sched_batch else "",
+                          "" if self.ctx.cfg.system.rollout_sched_policy == "normal"
+                          else f", {SCHED_POLICIES[self.ctx.cfg.system.rollout_sched_policy]}",
                           ", steps between slot boundaries in one C++ call" if self.native_steps
                           else f", every step through Python ({self.why_no_native_steps})")
             while not self.control.stop_requested:

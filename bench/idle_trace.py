@@ -8,7 +8,7 @@ migration on all CPUs for `--trace-s` seconds (`perf sched record -k CLOCK_MONOT
 monotonic clock, because on these VMs the per-CPU scheduler clocks disagree by milliseconds and the
 merged timeline is then nonsense). It replays the trace and splits each CPU's idle time by what
 the rest of the machine held at that moment:
-  - queued on the other core: a thread was runnable in the busy core's run queue (it had been
+  - queued on another core: a thread was runnable in a busy core's run queue (it had been
     preempted there, or woken there) while this core idled, until a balancer or a wake-up moved it;
   - woken here, not yet running: a thread woken onto this core had not been switched in yet (an idle
     vCPU's wake-up latency);
@@ -35,7 +35,7 @@ SWITCH = re.compile(r"\[(\d+)\]\s+([\d.]+):\s+sched:sched_switch: prev_comm=(.*)
 WAKING = re.compile(r"\[(\d+)\]\s+([\d.]+):\s+sched:sched_waking: comm=.* pid=(\d+) prio=\d+ target_cpu=(\d+)")
 MIGRATE = re.compile(r"\[(\d+)\]\s+([\d.]+):\s+sched:sched_migrate_task: comm=.* pid=(\d+) prio=\d+ orig_cpu=(\d+) "
                      r"dest_cpu=(\d+)")
-IDLE_KINDS = ("queued on the other core", "woken here, not yet running", "nothing runnable")
+IDLE_KINDS = ("queued on another core", "woken here, not yet running", "nothing runnable")
 
 
 def classify_idle(lines: list[str]) -> dict:
@@ -62,7 +62,7 @@ def classify_idle(lines: list[str]) -> dict:
                 if any(where == cpu for where in queued.values()):
                     idle_s["woken here, not yet running"] += t - last_t
                 elif queued:
-                    idle_s["queued on the other core"] += t - last_t
+                    idle_s["queued on another core"] += t - last_t
                 else:
                     idle_s["nothing runnable"] += t - last_t
         first_t = t if first_t is None else first_t

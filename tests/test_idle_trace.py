@@ -37,7 +37,7 @@ def test_idle_time_is_split_by_what_the_other_core_holds():
         _switch(1, 1.000, 0, "R", 12),   # cpu 1 runs thread 12
         _waking(1, 1.001, 13, 1),        # 13 woken onto cpu 1 ...
         _switch(1, 1.001, 12, "R", 13),  # ... preempts 12, which stays runnable in cpu 1's queue
-        _switch(0, 1.002, 11, "S", 0),   # cpu 0 idles while 12 waits on cpu 1: 3 ms "queued on the other core"
+        _switch(0, 1.002, 11, "S", 0),   # cpu 0 idles while 12 waits on cpu 1: 3 ms "queued on another core"
         _migrate(0, 1.005, 12, 1, 0),    # the balancer pulls 12
         _switch(0, 1.005, 0, "R", 12),
         _switch(0, 1.006, 12, "S", 0),   # cpu 0 idles, nothing queued: 1 ms "nothing runnable"
@@ -51,7 +51,7 @@ def test_idle_time_is_split_by_what_the_other_core_holds():
     ]
     result = it.classify_idle(lines)
     idle = result["idle_s"]
-    assert idle["queued on the other core"] == pytest.approx(0.003 + 0.001, abs=1e-9)
+    assert idle["queued on another core"] == pytest.approx(0.003 + 0.001, abs=1e-9)
     assert idle["woken here, not yet running"] == pytest.approx(0.0005 + 0.001, abs=1e-9)
     assert idle["nothing runnable"] == pytest.approx(0.001 + 0.002 + 0.001, abs=1e-9)
     assert result["window_s"] == pytest.approx(0.011) and result["cpus"] == 2
@@ -59,4 +59,4 @@ def test_idle_time_is_split_by_what_the_other_core_holds():
     assert result["threads"][12]["switches"] == 2
     assert result["threads"][12]["on_cpu_s"] == pytest.approx(0.002)
     text = it.report(result, {11: "fastrl-rollout-0", 12: "fastrl-rollout-0", 13: "fastrl-inference-0"})
-    assert "fastrl-rollout-0" in text and "queued on the other core" in text
+    assert "fastrl-rollout-0" in text and "queued on another core" in text

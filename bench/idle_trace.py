@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
+
+from fastrl.bench.measure import fastrl_children
 
 ROOT = Path(__file__).resolve().parent.parent
 SWITCH = re.compile(r"\[(\d+)\]\s+([\d.]+):\s+sched:sched_switch: prev_comm=(.*) prev_pid=(\d+) prev_prio=\d+ "
@@ -95,17 +98,13 @@ def classify_idle(lines: list[str]) -> dict:
     return {"window_s": window_s, "cpus": len(current), "idle_s": idle_s, "threads": dict(threads)}
 
 
-def thread_groups() -> dict[int, str]:
-    """Thread id -> its fastrl process's name and pid, for every process whose name starts with fastrl-
-    (the kernel keeps 15 characters of a name, so both rollout workers read "fastrl-rollout-")."""
+def thread_groups(root: psutil.Process) -> dict[int, str]:
+    """Thread id -> the title of the run's process that holds it, for every worker under `root`."""
     groups = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for name, proc in fastrl_children(root).items():
         try:
-            name = Path(f"/proc/{pid}/comm").read_text().strip()
-            if name.startswith("fastrl-"):
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    groups[int(tid)] = f"{name}[{pid}]"
-        except OSError:
+            groups.update({thread.id: f"fastrl-{name}" for thread in proc.threads()})
+        except psutil.Error:
             continue
     return groups
 
@@ -148,7 +147,7 @@ def main() -> None:
         bench = subprocess.Popen(bench_cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             time.sleep(args.delay_s)
-            groups = thread_groups()  # while the run's processes exist
+            groups = thread_groups(psutil.Process(bench.pid))  # while the run's processes exist
             subprocess.run(["perf", "sched", "record", "-k", "CLOCK_MONOTONIC", "-a", "-o", str(data), "--",
                             "sleep", str(args.trace_s)], check=True, capture_output=True)
             out, _ = bench.communicate(timeout=args.seconds + 300)

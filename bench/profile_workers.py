@@ -30,6 +30,8 @@ from pathlib import Path
 
 import psutil
 
+from fastrl.bench.measure import fastrl_children
+
 # First match (over the whole stack, innermost frame last) wins, so nested work is listed before
 # the code that calls it: publishing weights happens inside the train step, V-trace inside the loss.
 CATEGORIES = [
@@ -129,18 +131,6 @@ def last_env_steps(metrics: Path) -> tuple[int, float]:
     return int(row["env_steps"]), float(row["wall_s"])
 
 
-def find_children(root: psutil.Process) -> dict[str, psutil.Process]:
-    found = {}
-    for child in root.children(recursive=True):
-        try:
-            title = child.cmdline()[0]
-        except (psutil.Error, IndexError):
-            continue
-        if title.startswith("fastrl-"):
-            found[title[len("fastrl-"):]] = child
-    return found
-
-
 def profile(args) -> dict:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
@@ -156,7 +146,7 @@ def profile(args) -> dict:
     try:
         root = psutil.Process(run.pid)
         time.sleep(args.warmup_s)
-        children = find_children(root)
+        children = fastrl_children(root)
         if "learner" not in children:
             raise SystemExit(f"run did not start its workers (found {sorted(children)})")
         metrics = work / "profile" / "metrics.jsonl"

@@ -219,6 +219,21 @@ class TreeSampler:
         return out
 
 
+def fastrl_children(root: psutil.Process) -> dict[str, psutil.Process]:
+    """A run's worker processes under `root`, by their title without "fastrl-" (rollout-0, inference-0,
+    learner). The title, not the kernel's 15-character name, which reads "fastrl-rollout-" for every
+    rollout worker."""
+    found = {}
+    for child in root.children(recursive=True):
+        try:
+            title = child.cmdline()[0]
+        except (psutil.Error, IndexError):
+            continue
+        if title.startswith("fastrl-"):
+            found[title[len("fastrl-"):]] = child
+    return found
+
+
 def available_cores() -> int:
     """Cores this process may run on (respects taskset/cgroup affinity, unlike os.cpu_count)."""
     return len(_cpus())

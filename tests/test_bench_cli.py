@@ -37,6 +37,8 @@ def test_bench_runs_every_stage_and_writes_json(tmp_path):
         assert st["bottleneck"]
     assert stages["train"]["policy_lag"]["p50"] is not None
     assert stages["sample"]["learner_trains"] is False
+    # the discarding learner waits nearly the whole sample stage: the cores' accounting over its waits is read
+    assert 0 <= stages["sample"]["learner_wait_cores_idle_fraction"] <= 1
     bound = result["bound"]
     expected = result["cores"] / (1 / stages["env"]["env_steps_per_core_s"] + 1 / stages["infer"]["samples_per_core_s"]
                                   + result["counts"]["epochs"] / stages["learn"]["samples_per_core_s"])

@@ -7,7 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from fastrl.bench.measure import TreeSampler, core_shares, core_times, headline_rate, overall_rate, spread, window_rates
+from fastrl.bench.measure import TreeSampler, core_shares, headline_rate, overall_rate, spread, window_rates
+from fastrl.host import core_times
 from fastrl.bench.report import bottleneck, cost_line, format_table, machine_bound, summarize
 from fastrl.bench.tune import Knob, Trial
 from fastrl.runner.stats import hist_quantile
@@ -117,6 +118,9 @@ def test_summarize_computes_bound_efficiency_and_table():
     table = format_table(result)
     assert "frames/s" in table and "3,600" in table and "p50/p95/max 3/9/14" in table
     assert "1 thread" not in table
+    assert "cores idle" not in table  # no accounting of the learner's waits in this stage
+    result["stages"]["train"]["learner_wait_cores_idle_fraction"] = 0.12
+    assert "waiting 3% (the cores idle 12% of that time)" in format_table(result)
 
 
 def _costed_result(processes: list, sample_processes: list) -> dict:

@@ -35,6 +35,8 @@ def test_short_run_trains_checkpoints_and_cleans_up(tmp_path):
     summary = run.summary()
     assert summary["env_steps"] >= 40000 and summary["train_steps"] > 0 and summary["episodes"] > 0
     assert summary["failure"] is None and summary["policy_version"] > 0
+    idle = summary["cores_idle_while_learner_waits"]  # None only if it never waited a few 10 ms ticks
+    assert idle is None or 0 <= idle <= 1
     assert (run.run_dir / "config.json").exists()
     assert list(run.run_dir.glob("events.out.tfevents.*"))
     log = (run.run_dir / "train.log").read_text()

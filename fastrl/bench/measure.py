@@ -21,6 +21,8 @@ from typing import Callable
 
 import psutil
 
+from fastrl.host import core_times, usable_cpus
+
 
 @dataclass
 class Spread:
@@ -102,29 +104,6 @@ class ProcessUsage:
                 "rss_mib": round(self.rss_bytes / 2**20, 1), "pss_mib": round(self.pss_bytes / 2**20, 1)}
 
 
-def _cpus() -> list[int]:
-    """The CPUs this process may run on (its children inherit them)."""
-    try:
-        return list(psutil.Process().cpu_affinity())
-    except (AttributeError, psutil.Error):
-        return list(range(psutil.cpu_count() or 1))
-
-
-def core_times(cpus: list[int]) -> dict[str, float]:
-    """Seconds since boot that `cpus` spent busy (any process, interrupts), idle (or waiting on
-    I/O) and stolen by the hypervisor, from the kernel's per-CPU counters."""
-    per_cpu = psutil.cpu_times(percpu=True)
-    out = {"busy_s": 0.0, "idle_s": 0.0, "stolen_s": 0.0}
-    for i in cpus:
-        if i >= len(per_cpu):
-            continue
-        t = per_cpu[i]
-        out["busy_s"] += t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
-        out["idle_s"] += t.idle + getattr(t, "iowait", 0.0)
-        out["stolen_s"] += getattr(t, "steal", 0.0)
-    return out
-
-
 def core_shares(start: dict[str, float], end: dict[str, float], ours_cpu_s: float) -> dict[str, float] | None:
     """Where the cores' time went between two core_times snapshots, as fractions that add up to 1:
     `ours` (the CPU time of the processes measured), `other` (everything else that ran), `idle`
@@ -152,7 +131,7 @@ class TreeSampler:
     peak_total_pss_bytes: int = 0
     t_start: float = 0.0
     t_end: float = 0.0
-    cpus: list[int] = field(default_factory=_cpus)
+    cpus: list[int] = field(default_factory=usable_cpus)
     cores_start: dict[str, float] = field(default_factory=dict)
     cores_end: dict[str, float] = field(default_factory=dict)
 
@@ -232,11 +211,6 @@ def fastrl_children(root: psutil.Process) -> dict[str, psutil.Process]:
         if title.startswith("fastrl-"):
             found[title[len("fastrl-"):]] = child
     return found
-
-
-def available_cores() -> int:
-    """Cores this process may run on (respects taskset/cgroup affinity, unlike os.cpu_count)."""
-    return len(_cpus())
 
 
 def us_per_call(call: Callable[[], None], seconds: float) -> float:

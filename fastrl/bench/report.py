@@ -178,6 +178,8 @@ def format_table(result: dict) -> str:
         which = f" (round {result['stage_rounds'][name]})" if result.get("stage_rounds") else ""
         lines += [f"{name}{which}: {st['bottleneck']}",
                   f"  learner busy {st['learner_busy_fraction']:.0%} / waiting {st['learner_wait_fraction']:.0%}"
+                  + ("" if st.get("learner_wait_cores_idle_fraction") is None else
+                     f" (the cores idle {st['learner_wait_cores_idle_fraction']:.0%} of that time)")
                   + ("" if st.get("learner_parallel_fraction") is None else
                      f" (all its threads on {st['learner_parallel_fraction']:.0%} of its minibatches)") + "; "
                   f"inference batch {st['inference_mean_batch']:.0f}; policy lag p50/p95/max "

@@ -9,7 +9,7 @@ import time
 import torch
 
 from fastrl.bench.components import bench_env, bench_infer, bench_learn
-from fastrl.bench.measure import available_cores
+from fastrl.host import available_cores
 from fastrl.bench.report import SCHEMA_VERSION, STAGES, Progress, summarize
 from fastrl.bench.rounds import combine_rounds, stage_rate
 from fastrl.bench.system import bench_system

@@ -28,6 +28,7 @@ from fastrl.bench.measure import TreeSampler, overall_rate, spread, window_rates
 from fastrl.buffers import SharedControl
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
+from fastrl.host import idle_share
 from fastrl.runner.runner import Runner
 from fastrl.runner.stats import RunStats, hist_quantile
 from fastrl.config.checks import envs_per_split
@@ -62,7 +63,8 @@ class SystemProbe:
         return {"t": time.monotonic(), "env_steps": stats.env_steps, "wait_s": control.wait_s.array.copy(),
                 "inference": control.inference_counts.array.copy(), "lag_hist": stats.lag_hist.copy(),
                 "dropped": stats.dropped_for_lag,
-                "minibatches": np.array([stats.learner.get("minibatches", 0), stats.learner.get("parallel_minibatches", 0)])}
+                "minibatches": np.array([stats.learner.get("minibatches", 0), stats.learner.get("parallel_minibatches", 0)]),
+                "wait_cores": np.array([stats.learner.get("wait_core_s", 0.0), stats.learner.get("wait_idle_core_s", 0.0)])}
 
     def _count(self, stats: RunStats) -> float:
         """Env steps done: sampled for the sample stage, trained on for the train stage."""
@@ -122,6 +124,8 @@ class SystemProbe:
         learner_wait = float(wait_frac[heartbeat_index(cfg, "learner", 0)])
         inf = self.end["inference"] - self.start["inference"]
         minibatches, parallel = self.end["minibatches"] - self.start["minibatches"]
+        wait_core_s, wait_idle_core_s = self.end["wait_cores"] - self.start["wait_cores"]
+        wait_idle = idle_share(float(wait_idle_core_s), float(wait_core_s))
         lag_hist = self.end["lag_hist"].copy()
         lag_hist[:self.start["lag_hist"].size] -= self.start["lag_hist"]
         window_s = max(1.0, self.seconds / 10)
@@ -135,6 +139,8 @@ class SystemProbe:
                                    None if overall is None else overall * frames_per_env_step).as_dict(),
             "learner_busy_fraction": round(min(1.0, max(0.0, 1 - learner_wait)), 4),
             "learner_wait_fraction": round(min(1.0, max(0.0, learner_wait)), 4),
+            # of the cores' time while the learner waited, the share that idled (the rest ran the samplers)
+            "learner_wait_cores_idle_fraction": None if wait_idle is None else round(wait_idle, 4),
             # with learner_shards > 1: the share of its minibatches the learner ran on all its threads
             "learner_parallel_fraction": round(float(parallel / minibatches), 4) if minibatches else None,
             "rollout_idle_fraction": round(min(1.0, max(0.0, rollout_idle)), 4),

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from fastrl.bench.measure import available_cores, headline_rate
+from fastrl.bench.measure import headline_rate
+from fastrl.host import available_cores
 from fastrl.bench.report import Progress
 from fastrl.bench.system import bench_system
 from fastrl.config.checks import check_config

@@ -9,6 +9,7 @@ from collections import deque
 
 import numpy as np
 
+from fastrl.host import idle_share
 from fastrl.workers.process import seconds_since_process_start
 
 EPISODE_WINDOW = 100
@@ -93,6 +94,12 @@ class RunStats:
         busy, wait = self.learner.get("busy_s", 0.0), self.learner.get("wait_s", 0.0)
         return busy / (busy + wait) if busy + wait > 0 else 0.0
 
+    @property
+    def learner_wait_cores_idle_fraction(self) -> float | None:
+        """Of the cores' time while the learner waited for data, the share they idled (the rest ran the
+        samplers); None before it has waited a tick of the kernel's counters."""
+        return idle_share(self.learner.get("wait_idle_core_s", 0.0), self.learner.get("wait_core_s", 0.0))
+
     def lag_quantile(self, q: float) -> int | None:
         return hist_quantile(self.lag_hist, q)
 
@@ -120,6 +127,8 @@ class RunStats:
         out = {"perf/env_steps_per_s_10s": self.rate(10), "perf/env_steps_per_s_60s": self.rate(60),
                "perf/frames_per_s_10s": self.rate(10) * self.frames_per_env_step,
                "perf/learner_busy_fraction": self.learner_busy_fraction}
+        if self.learner_wait_cores_idle_fraction is not None:
+            out["perf/cores_idle_while_learner_waits"] = self.learner_wait_cores_idle_fraction
         if self.scores:
             out["episode/return_mean"] = self.mean_score
             out["episode/length_mean"] = float(np.mean(self.lengths))
@@ -145,6 +154,8 @@ class RunStats:
                            "p50": self.lag_quantile(0.5), "p95": self.lag_quantile(0.95), "max": self.lag_max},
             "samples_dropped_for_lag": self.dropped_for_lag,
             "learner_busy_fraction": round(self.learner_busy_fraction, 4),
+            "cores_idle_while_learner_waits": (None if self.learner_wait_cores_idle_fraction is None
+                                               else round(self.learner_wait_cores_idle_fraction, 4)),
             "policy_version": self.learner.get("policy_version", 0), "train_steps": self.learner.get("train_steps", 0),
             "nonfinite_steps_skipped": self.learner.get("nonfinite_steps_skipped", 0),
             "time_to_first_sample_s": None if self.first_sample_s is None else round(self.first_sample_s, 2),

@@ -18,6 +18,7 @@ import torch
 
 from fastrl.algo.appo import BATCH_KEYS, APPOTrainer, scheduled_lr
 from fastrl.config.checks import slots_per_batch
+from fastrl.host import CoresDuringWaits
 from fastrl.ipc import put_report, wait_any
 from fastrl.models import ActorCritic
 from fastrl.rundir import load_checkpoint, save_checkpoint
@@ -76,6 +77,9 @@ class Learner:
         self.last_freed_to = -1  # the rollout worker that got the last freed slot
         self.reports = ch.reports[self.hb]
         self.busy_s = self.wait_s = 0.0
+        # the cores' time, and of it the idle time, over the learner's waits for data: a wait that the
+        # samplers fill with work is their share of a shared machine, one the cores idle through is waste
+        self.wait_cores = CoresDuringWaits()
         self.ckpt_dir = Path(ctx.checkpoint_dir)
         if ctx.resume_checkpoint:
             self._restore(Path(ctx.resume_checkpoint))
@@ -124,12 +128,14 @@ class Learner:
                     break
                 if self.ctx.control.stop_requested or not block:
                     return False
+                self.wait_cores.begin()  # only once it blocks, about once a batch
                 wait_any(self.bell, self.full_rings, POLL_S)
             return True
         finally:
             waited = time.perf_counter() - started
             self.wait_s += waited
             self.ctx.control.add_wait(self.hb, waited)
+            self.wait_cores.end()
 
     def _parallel_now_ok(self, minibatches_done: int) -> bool:
         """Asked during training, with how many of the batch's minibatches have run: may the other shard
@@ -183,7 +189,8 @@ class Learner:
             self.train_steps += 1
         self.busy_s += time.perf_counter() - started
         stats.update(kind="learner", policy_version=self.trainer.policy_version, train_steps=self.train_steps,
-                     busy_s=self.busy_s, wait_s=self.wait_s, nonfinite_steps_skipped=self.trainer.skipped_total,
+                     busy_s=self.busy_s, wait_s=self.wait_s, wait_core_s=self.wait_cores.core_s,
+                     wait_idle_core_s=self.wait_cores.idle_core_s, nonfinite_steps_skipped=self.trainer.skipped_total,
                      minibatches=self.trainer.minibatches_run, parallel_minibatches=self.trainer.minibatches_parallel)
         put_report(self.reports, stats)
         self.ctx.control.beat(self.hb)

@@ -59,9 +59,6 @@ class CoresDuringWaits:
         self.idle_core_s += now["idle_s"] - self._at["idle_s"]
         self._at = None
 
-    def idle_fraction(self) -> float | None:
-        return idle_share(self.idle_core_s, self.core_s)
-
 
 def idle_share(idle_core_s: float, core_s: float) -> float | None:
     """`idle_core_s` over `core_s`; None for spans of under a few of the kernel's 10 ms ticks, too short

@@ -27,11 +27,11 @@ def _wait(meter: CoresDuringWaits, seconds: float) -> float:
 def test_a_wait_the_cores_sleep_through_reads_idle_and_one_they_spend_busy_does_not():
     cpus = usable_cpus()
     idle_meter, busy_meter = CoresDuringWaits(cpus), CoresDuringWaits(cpus)
-    assert idle_meter.idle_fraction() is None  # nothing measured yet
+    assert idle_share(idle_meter.idle_core_s, idle_meter.core_s) is None  # nothing measured yet
     span_s = _wait(idle_meter, 0.8)
     # every core's time is counted once: busy + idle + stolen over the span is the span times the cores
     assert idle_meter.core_s == pytest.approx(span_s * len(cpus), abs=0.05 * len(cpus) + 0.05)
-    assert idle_meter.idle_fraction() > 0.6
+    assert idle_share(idle_meter.idle_core_s, idle_meter.core_s) > 0.6
 
     ctx = mp.get_context("spawn")
     spinners = [ctx.Process(target=_spin, args=(3.0,)) for _ in cpus]
@@ -43,7 +43,7 @@ def test_a_wait_the_cores_sleep_through_reads_idle_and_one_they_spend_busy_does_
     finally:
         for p in spinners:
             p.join(10)
-    assert busy_meter.idle_fraction() < 0.3
+    assert idle_share(busy_meter.idle_core_s, busy_meter.core_s) < 0.3
 
 
 def test_spans_accumulate_and_an_end_without_a_begin_counts_nothing():

@@ -127,8 +127,9 @@ class RunStats:
         out = {"perf/env_steps_per_s_10s": self.rate(10), "perf/env_steps_per_s_60s": self.rate(60),
                "perf/frames_per_s_10s": self.rate(10) * self.frames_per_env_step,
                "perf/learner_busy_fraction": self.learner_busy_fraction}
-        if self.learner_wait_cores_idle_fraction is not None:
-            out["perf/cores_idle_while_learner_waits"] = self.learner_wait_cores_idle_fraction
+        wait_idle = self.learner_wait_cores_idle_fraction
+        if wait_idle is not None:
+            out["perf/cores_idle_while_learner_waits"] = wait_idle
         if self.scores:
             out["episode/return_mean"] = self.mean_score
             out["episode/length_mean"] = float(np.mean(self.lengths))
@@ -143,6 +144,7 @@ class RunStats:
 
     def summary(self) -> dict:
         run_env_steps = self.env_steps - self.start_env_steps
+        wait_idle = self.learner_wait_cores_idle_fraction
         return {
             "env_steps": self.env_steps, "frames": self.frames, "frames_per_env_step": self.frames_per_env_step,
             "wall_s": round(self.wall_s, 2),
@@ -154,8 +156,7 @@ class RunStats:
                            "p50": self.lag_quantile(0.5), "p95": self.lag_quantile(0.95), "max": self.lag_max},
             "samples_dropped_for_lag": self.dropped_for_lag,
             "learner_busy_fraction": round(self.learner_busy_fraction, 4),
-            "cores_idle_while_learner_waits": (None if self.learner_wait_cores_idle_fraction is None
-                                               else round(self.learner_wait_cores_idle_fraction, 4)),
+            "cores_idle_while_learner_waits": None if wait_idle is None else round(wait_idle, 4),
             "policy_version": self.learner.get("policy_version", 0), "train_steps": self.learner.get("train_steps", 0),
             "nonfinite_steps_skipped": self.learner.get("nonfinite_steps_skipped", 0),
             "time_to_first_sample_s": None if self.first_sample_s is None else round(self.first_sample_s, 2),

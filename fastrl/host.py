@@ -7,6 +7,9 @@ cores every process shares, a learner's wait is waste only where the cores idle 
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import psutil
 
 
@@ -18,9 +21,66 @@ def usable_cpus() -> list[int]:
         return list(range(psutil.cpu_count() or 1))
 
 
+def _cgroup_paths(proc_cgroup: Path) -> dict[str, str]:
+    """This process's cgroup per hierarchy: "" for cgroup v2's unified one, else each v1 controller."""
+    paths: dict[str, str] = {}
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return paths
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in (parts[1].split(",") if parts[1] else [""]):
+                paths[controller] = parts[2]
+    return paths
+
+
+def _quota_in(directory: Path) -> float | None:
+    """The CPU quota one cgroup directory sets, in cores; None where it sets none or cannot be read."""
+    try:
+        if (directory / "cpu.max").exists():  # v2: "<quota_us|max> <period_us>"
+            quota, period = (directory / "cpu.max").read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota_us = int((directory / "cpu.cfs_quota_us").read_text())  # v1: -1 for no limit
+        period_us = int((directory / "cpu.cfs_period_us").read_text())
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def cgroup_cpu_quota(proc_cgroup: Path = Path("/proc/self/cgroup"),
+                     cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU time per second that this process's cgroups allow (`docker --cpus`, a systemd CPUQuota,
+    a Kubernetes CPU limit), in cores; None where none is set. A quota leaves every core in the
+    affinity mask but throttles the whole group once it has used its share of a period, so a
+    machine of 16 cores under `--cpus=2` should be planned for as 2. The tightest limit over the
+    cgroup and its ancestors applies; inside a container whose cgroup namespace makes its own
+    cgroup "/", the mount's root is that cgroup."""
+    paths = _cgroup_paths(proc_cgroup)
+    if "" in paths:
+        tree = [(cgroup_root, paths[""])]
+    else:
+        tree = [(cgroup_root / "cpu", paths["cpu"])] if "cpu" in paths else []
+    limits = []
+    for mount, own in tree:
+        directory = mount / own.strip("/")
+        while True:
+            quota = _quota_in(directory)
+            if quota is not None:
+                limits.append(quota)
+            if directory == mount or mount not in directory.parents:
+                break
+            directory = directory.parent
+    return min(limits) if limits else None
+
+
 def available_cores() -> int:
-    """Cores this process may run on (respects taskset/cgroup affinity, unlike os.cpu_count)."""
-    return len(usable_cpus())
+    """Cores this process can use: its affinity mask (taskset, a cpuset), capped by its cgroups' CPU
+    quota rounded up, where either is set. os.cpu_count() sees neither."""
+    cores = len(usable_cpus())
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota - 1e-9))) if quota is not None else cores
 
 
 def core_times(cpus: list[int]) -> dict[str, float]:

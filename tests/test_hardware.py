@@ -3,6 +3,9 @@ run records; an explicit bf16 on a CPU that emulates it is warned about, not sil
 system.learner_shards=auto and system.learner_threads=auto follow the resolved precision (two shards
 of one thread each in bf16, two OpenMP threads in fp32)."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +95,20 @@ def test_learner_threads_accepts_auto_or_a_positive_int():
     with pytest.raises(ConfigError, match="learner_threads"):
         load_config(None, ["system.learner_threads=many"])
     assert resolve_learner_threads("auto", "fp32", "cpu", cores=2, shards=2) == 1  # each shard has its one
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs in this process's affinity mask")
+def test_auto_counts_the_cores_the_run_may_use_not_the_machines():
+    """A run pinned to one CPU (taskset -c 0) gets one learner thread and one shard, though the machine
+    has two: a second would only contend with the samplers for that core."""
+    probe = ("import os, sys; from fastrl.config import load_config; from fastrl.config.hardware import resolve_auto; "
+             "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}) if sys.argv[1] == 'pinned' else None; "
+             "zen4 = {'avx2', 'avx512f', 'avx512_bf16'}; avx2 = {'avx2'}; "
+             "pong = load_config('configs/atari_pong.yaml', []); "
+             "print(resolve_auto(pong, zen4).system.learner_shards, resolve_auto(pong, avx2).system.learner_threads)")
+    runs = {how: subprocess.run([sys.executable, "-c", probe, how], cwd=ROOT, capture_output=True, text=True,
+                                timeout=60) for how in ("pinned", "free")}
+    assert all(r.returncode == 0 for r in runs.values()), {h: r.stderr[-2000:] for h, r in runs.items()}
+    assert runs["pinned"].stdout.split() == ["1", "1"]
+    assert runs["free"].stdout.split() == ["2", "2"]

@@ -9,16 +9,19 @@ bench/precision_microbench.py). A preset that hard-wired bf16 crawls on such a m
 two shards of one thread each (fastrl/algo/shards.py).
 
 Reads /proc/cpuinfo rather than asking torch, so that resolving a config does not import torch
-(the rollout workers are spawned before the runner loads it).
+(the rollout workers are spawned before the runner loads it). The cores counted are those this
+run can use (fastrl.host.available_cores: its affinity mask and cgroup CPU quota), not the
+machine's: under `taskset -c 0` or `docker --cpus=1` a second learner thread or shard only
+contends with the samplers for the one core.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 from fastrl.config.schema import Config
+from fastrl.host import available_cores
 
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -67,7 +70,7 @@ def resolve_learner_shards(learner_shards: int | str, precision: str, device: st
     minibatches are single samples, unless learner_threads asks for OpenMP threads; else 1."""
     if learner_shards != "auto":
         return int(learner_shards)
-    cores = cores if cores is not None else (os.cpu_count() or 1)
+    cores = cores if cores is not None else available_cores()
     shardable = minibatch_unit == "samples" and learner_threads in ("auto", 1)
     return 2 if device == "cpu" and precision == "bf16" and cores >= 2 and shardable else 1
 
@@ -79,7 +82,7 @@ def resolve_learner_threads(learner_threads: int | str, precision: str, device: 
         return int(learner_threads)
     if device != "cpu" or precision == "bf16" or shards > 1:
         return 1
-    return max(1, min(2, cores if cores is not None else (os.cpu_count() or 1)))
+    return max(1, min(2, cores if cores is not None else available_cores()))
 
 
 def weight_grads_split_blockers(cfg: Config, encoder: str) -> list[str]:

@@ -28,6 +28,8 @@ setup(
         # -O3: GCC 12 vectorises the MLP's row loops (trip counts known only at run time) only there
         native_module("acting", [*LEARNER_HEADERS, ACTING_API, TANH_ROW, ISA], optimize="-O3",
                       flags=["-fno-trapping-math"]),
+        # the learner's MLP forward and backward, one call each: the same tanh loop, products vectorised the same way
+        native_module("mlp", [*LEARNER_HEADERS, TANH_ROW, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
         # the learner's tanh: the same loop and flags as _acting's
         native_module("activations", [*LEARNER_HEADERS, TANH_ROW, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
         # the CNN's input from uint8 frames (cast, scale, relayout in one pass), vectorised the same way

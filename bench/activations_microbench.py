@@ -14,14 +14,13 @@ than in wall time) and the ratio numpy/native of each pair of rounds (> 1: nativ
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
 import fastrl.models.activations as activations
-from fastrl.bench.measure import alternated_us_per_call
+from fastrl.bench.measure import alternated_learner_cpu_ms, alternated_us_per_call
+from fastrl.bench.report import learner_ab_lines
 from fastrl_ext import _activations
 
 ROWS = {"HalfCheetah minibatch": 256, "CartPole minibatch": 512, "528 rows": 528}
@@ -56,33 +55,21 @@ def learner_ab(config: str, rounds: int, seconds: float) -> None:
     from fastrl.config.loader import load_config
     from fastrl.envs.spec import resolve_env
 
-    cfg = resolve_auto(load_config(config, ["system.learner_threads=1"]))
+    # torch's layers: with model.native_mlp the MLP's tanh runs inside fastrl_ext._mlp, not through this module
+    cfg = resolve_auto(load_config(config, ["system.learner_threads=1", "model.native_mlp=false"]))
     trainer, batch = learner_on_synthetic_batch(cfg, resolve_env(cfg.env))
-    routes = {"numpy": None, "native": _activations}
 
-    def cpu_ms_per_batch(route: str, budget_s: float) -> float:
-        activations._native = routes[route]
-        batches, cpu0, started = 0, time.thread_time(), time.perf_counter()
-        while time.perf_counter() - started < budget_s:
-            batch["policy_version"].fill_(trainer.policy_version)
-            trainer.train(batch)
-            batches += 1
-        return (time.thread_time() - cpu0) / batches * 1e3
+    def route(module):
+        def switch() -> None:
+            activations._native = module
+        return switch
 
     try:
-        for route in routes:  # warm-up: allocator, first-call paths
-            cpu_ms_per_batch(route, 1.0)
-        spent: dict[str, list] = {route: [] for route in routes}
-        for r in range(rounds):
-            for route in (("numpy", "native") if r % 2 == 0 else ("native", "numpy")):
-                spent[route].append(cpu_ms_per_batch(route, seconds))
+        spent = alternated_learner_cpu_ms(trainer, batch, {"numpy": route(None), "native": route(_activations)},
+                                          rounds, seconds)
     finally:
         activations._native = _activations
-    ratios = [a / b for a, b in zip(spent["numpy"], spent["native"])]
-    print(f"{config}: learner CPU ms per batch, 1 thread, ISA {_activations.ISA}: "
-          f"numpy {statistics.median(spent['numpy']):.2f}, native {statistics.median(spent['native']):.2f}")
-    print(f"numpy/native per pair of rounds: {' '.join(f'{x:.2f}' for x in ratios)}; "
-          f"median {statistics.median(ratios):.3f}")
+    print("\n".join(learner_ab_lines(config, _activations.ISA, spent, "numpy", "native")))
 
 
 def main() -> None:

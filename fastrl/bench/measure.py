@@ -231,3 +231,29 @@ def alternated_us_per_call(calls: dict[str, Callable[[], None]], rounds: int, se
         for name, call in calls.items():
             runs[name].append(us_per_call(call, seconds))
     return {name: statistics.median(v) for name, v in runs.items()}
+
+
+def alternated_learner_cpu_ms(trainer, batch: dict, routes: dict[str, Callable[[], None]], rounds: int,
+                              seconds: float) -> dict[str, list[float]]:
+    """The learner's CPU ms per batch (this thread's, so other processes' load counts less than in wall
+    time) under each of `routes`, each a call that switches the trainer to one implementation: after a
+    1 s warm-up of each (allocator, first-call paths), `rounds` rounds of `seconds` each, the order
+    reversed every other round so that the host's drift hits both alike. The caller restores its state."""
+    names = list(routes)
+
+    def cpu_ms_per_batch(name: str, budget_s: float) -> float:
+        routes[name]()
+        batches, cpu0, started = 0, time.thread_time(), time.perf_counter()
+        while time.perf_counter() - started < budget_s:
+            batch["policy_version"].fill_(trainer.policy_version)
+            trainer.train(batch)
+            batches += 1
+        return (time.thread_time() - cpu0) / batches * 1e3
+
+    for name in names:
+        cpu_ms_per_batch(name, 1.0)
+    spent: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            spent[name].append(cpu_ms_per_batch(name, seconds))
+    return spent

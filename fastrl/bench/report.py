@@ -10,6 +10,7 @@ A multi-threaded learner's `learn` rate is the better of its configured threads 
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 
@@ -255,3 +256,13 @@ class Progress:
     def end(self, text: str) -> None:
         self.stream.write(("\r" if self.tty else "") + f"{self.stage}: {text}".ljust(120 if self.tty else 0) + "\n")
         self.stream.flush()
+
+
+def learner_ab_lines(config: str, isa: str, spent: dict[str, list[float]], before: str, after: str) -> list[str]:
+    """What a microbenchmark's learner A/B (fastrl.bench.measure.alternated_learner_cpu_ms) prints: the
+    median CPU ms per batch of `before` and `after`, and before/after per pair of rounds (> 1: after is cheaper)."""
+    ratios = [a / b for a, b in zip(spent[before], spent[after])]
+    return [f"{config}: learner CPU ms per batch, 1 thread, ISA {isa}: {before} "
+            f"{statistics.median(spent[before]):.2f}, {after} {statistics.median(spent[after]):.2f}",
+            f"{before}/{after} per pair of rounds: {' '.join(f'{x:.2f}' for x in ratios)}; "
+            f"median {statistics.median(ratios):.3f}"]

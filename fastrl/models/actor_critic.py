@@ -13,6 +13,7 @@ from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models.activations import Tanh
 from fastrl.models.frames import frames_to_input
+from fastrl.models import native_mlp
 from fastrl.models.linear import WeightLeftLinear
 from fastrl.models.normalizer import ObsNormalizer
 
@@ -85,12 +86,29 @@ class ActorCritic(nn.Module):
         for encoder in (self.actor_encoder, self.critic_encoder):
             if isinstance(encoder, NatureCNN) and self.bf16:
                 encoder.input_dtype = torch.bfloat16
+        self.native_nets: native_mlp.NativeNets | None = None
+        if cfg.native_mlp and native_mlp.pays():
+            self.use_native_layers()
+
+    def use_native_layers(self) -> bool:
+        """Run an fp32 MLP actor and critic (encoder and head each) as one fastrl_ext call forward and one
+        backward (model.native_mlp, fastrl.models.native_mlp); False, and torch's layers, for anything
+        else (a CNN, a shared encoder, bf16) or where the extension is not built."""
+        if self.critic_encoder is None or self.bf16 or native_mlp._native is None:
+            return False
+        actor = native_mlp.mlp_layers(self.actor_encoder, self.policy_head)
+        critic = native_mlp.mlp_layers(self.critic_encoder, self.value_head)
+        self.native_nets = native_mlp.NativeNets([actor, critic]) if actor and critic else None
+        return self.native_nets is not None
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (logits or Gaussian mean, value) for a batch of observations."""
         x = obs.reshape(obs.shape[0], -1).float() if self._flatten else obs
         if self.normalizer is not None:
             x = self.normalizer(x.float())
+        if self.native_nets is not None and self.native_nets.usable(x):
+            params, values = self.native_nets(x)
+            return params, values.squeeze(-1)
         # bf16 halves the cost of the convs and matmuls on CPUs with AVX-512 bf16; the outputs
         # come back as fp32 so that log-probs, V-trace and the losses keep full precision.
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):

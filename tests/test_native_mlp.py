@@ -129,6 +129,7 @@ def test_an_appo_optimizer_step_lands_on_the_same_weights():
         torch.manual_seed(0)
         model = ActorCritic(spec, cfg.model)
         assert (model.native_nets is not None) == native
+        initial = copy.deepcopy(model.state_dict())
         trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag)
         torch.manual_seed(1)
         batch = synthetic_batch(cfg, spec)
@@ -138,15 +139,12 @@ def test_an_appo_optimizer_step_lands_on_the_same_weights():
     (s_native, w_native), (s_torch, w_torch) = results
     for key in ("policy_loss", "value_loss", "approx_kl", "grad_norm"):
         assert abs(s_native[key] - s_torch[key]) <= 1e-4 * max(1.0, abs(s_torch[key])), key
-    moved = 0.0
     for name in w_torch:
         torch.testing.assert_close(w_native[name], w_torch[name], atol=2e-5, rtol=1e-4, msg=name)
-    start = ActorCritic(resolve_env(load_config(str(ROOT / "configs/mujoco_halfcheetah.yaml")).env),
-                        load_config(str(ROOT / "configs/mujoco_halfcheetah.yaml")).model)
+    # the step did move every layer's weights (from the same start), so the comparison above means something
     for name, value in w_torch.items():
-        if name in start.state_dict() and value.dtype == torch.float32 and "normalizer" not in name:
-            moved = max(moved, (value - start.state_dict()[name]).abs().max().item())
-    assert moved > 1e-4  # the step did move the weights, so the comparison above means something
+        if name.endswith("weight"):
+            assert (value - initial[name]).abs().max().item() > 1e-4, name
 
 
 @needs_native
@@ -159,11 +157,11 @@ def test_left_to_torch_where_the_kernel_does_not_apply():
     native, reference = _pair(CHEETAH)
     obs = torch.randn(9, 17, dtype=torch.float64)  # cast by the network, then native
     torch.testing.assert_close(native(obs), reference(obs), atol=2e-5, rtol=1e-5)
-    assert not native.native_nets.usable(torch.randn(9, 17, dtype=torch.float64))
+    assert native.native_nets(torch.randn(9, 17, dtype=torch.float64)) is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not native.native_nets.usable(torch.randn(9, 17))
+        assert native.native_nets(torch.randn(9, 17)) is None
     native.double()  # float64 parameters: torch's layers
-    assert not native.native_nets.usable(torch.randn(9, 17))
+    assert native.native_nets(torch.randn(9, 17)) is None
     with torch.inference_mode():
         native.float()
         torch.testing.assert_close(native(obs), reference(obs), atol=2e-5, rtol=1e-5)

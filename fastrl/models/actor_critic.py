@@ -106,8 +106,9 @@ class ActorCritic(nn.Module):
         x = obs.reshape(obs.shape[0], -1).float() if self._flatten else obs
         if self.normalizer is not None:
             x = self.normalizer(x.float())
-        if self.native_nets is not None and self.native_nets.usable(x):
-            params, values = self.native_nets(x)
+        outputs = self.native_nets(x) if self.native_nets is not None else None
+        if outputs is not None:
+            params, values = outputs
             return params, values.squeeze(-1)
         # bf16 halves the cost of the convs and matmuls on CPUs with AVX-512 bf16; the outputs
         # come back as fp32 so that log-probs, V-trace and the losses keep full precision.

@@ -64,12 +64,12 @@ class NativeNets:
     def flat_params(self) -> list[torch.Tensor]:
         return [p for params in self.params for p in params]
 
-    def usable(self, x: torch.Tensor) -> bool:
-        """Whether fastrl_ext can run the nets on `x`: float32 [rows, features] on the CPU, outside bf16
-        autocast, with float32 contiguous CPU parameters."""
+    def _arrays_for(self, x: torch.Tensor) -> list[tuple] | None:
+        """The parameters' arrays where fastrl_ext can run the nets on `x`: float32 [rows, features] on
+        the CPU, outside bf16 autocast, with float32 contiguous CPU parameters; else None."""
         if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or torch.is_autocast_enabled("cpu"):
-            return False
-        return self.param_arrays() is not None
+            return None
+        return self.param_arrays()
 
     def param_arrays(self) -> list[tuple] | None:
         """Per net, its (W_1, b_1, ...) as numpy views; None where a parameter is not float32, contiguous, on the CPU."""
@@ -82,9 +82,11 @@ class NativeNets:
             self._key = key
         return self._arrays
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Each net's output on `x` ([rows, its last width]), all through one autograd node."""
-        return _Nets.apply(x.contiguous(), self, *self.flat_params())
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """Each net's output on `x` ([rows, its last width]), all through one autograd node; None where
+        the nets cannot run on `x` natively (another dtype or device, bf16 autocast: torch's layers then)."""
+        arrays = self._arrays_for(x)
+        return None if arrays is None else _Nets.apply(x.contiguous(), self, arrays, *self.flat_params())
 
 
 def _split(buffer: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
@@ -99,26 +101,28 @@ def _split(buffer: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray
 
 class _Nets(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, nets: NativeNets, *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(ctx, x: torch.Tensor, nets: NativeNets, param_arrays: list[tuple],
+                *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`param_arrays`: `params` as `nets.param_arrays()` gives them (numpy views of the same memory);
+        `params` are passed too so that autograd knows them."""
         rows = x.shape[0]
         x_array = x.detach().numpy()
         outputs, activations = [], []
-        for act, arrays, widths in zip(nets.acts, nets.param_arrays(), nets.widths):
+        for act, arrays, widths in zip(nets.acts, param_arrays, nets.widths):
             buffer = torch.empty(rows * sum(widths[1:]))
             hs = _split(buffer.numpy(), [(rows, w) for w in widths[1:]])
             _native.forward(x_array, arrays, tuple(hs), act)
             activations.append(tuple(hs))
             outputs.append(torch.from_numpy(hs[-1]))  # shares the buffer
-        ctx.nets, ctx.x_array, ctx.activations = nets, x_array, activations
+        ctx.acts, ctx.param_arrays, ctx.x_array, ctx.activations = nets.acts, param_arrays, x_array, activations
         ctx.set_materialize_grads(False)  # an output that did not reach the loss: None, its net skipped
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor | None) -> tuple:
-        nets = ctx.nets
-        grad_x = torch.zeros_like(torch.from_numpy(ctx.x_array)) if ctx.needs_input_grad[0] else None
+        grad_x = torch.zeros(ctx.x_array.shape) if ctx.needs_input_grad[0] else None
         param_grads: list[torch.Tensor | None] = []
-        for k, (act, arrays, grad) in enumerate(zip(nets.acts, nets.param_arrays(), output_grads)):
+        for k, (act, arrays, grad) in enumerate(zip(ctx.acts, ctx.param_arrays, output_grads)):
             if grad is None:  # this net's output did not reach the loss
                 param_grads += [None] * len(arrays)
                 continue
@@ -130,4 +134,4 @@ class _Nets(torch.autograd.Function):
             if grad_x is not None:
                 grad_x += torch.from_numpy(net_grad_x)
             param_grads += [torch.from_numpy(g) for g in grads]
-        return (grad_x, None, *param_grads)
+        return (grad_x, None, None, *param_grads)

@@ -74,7 +74,7 @@ __attribute__((always_inline)) inline void row_block(const float* __restrict A, 
             for (int v = 0; v < NV; ++v) acc[i][v] += a * b[v];
         }
     }
-    // whole vectors out, so that acc never needs an address (a variable-length copy from it kept it on the stack)
+    // whole vectors out; a ragged chunk's through a row buffer, of which only `width` columns are Y's
     for (int i = 0; i < RB; ++i) {
         if (width == CHUNK) {
             for (int v = 0; v < NV; ++v) store(Y + i * ldy + v * VW, acc[i][v]);

@@ -14,12 +14,10 @@ and the ratio torch/native of each pair of rounds (> 1: native is cheaper).
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import torch
 
-from fastrl.bench.measure import alternated_learner_cpu_ms, alternated_us_per_call
+from fastrl.bench.measure import alternated_learner_cpu_ms, alternated_us_per_call, microbench_main
 from fastrl.bench.report import learner_ab_lines
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
@@ -82,16 +80,7 @@ def learner_ab(config: str, rounds: int, seconds: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--learner", metavar="CONFIG", help="A/B the learner step of this preset instead")
-    parser.add_argument("--rounds", type=int)
-    parser.add_argument("--seconds", type=float)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    if args.learner:
-        learner_ab(args.learner, args.rounds or 8, args.seconds or 3.0)
-    else:
-        microbench(args.rounds or 5, args.seconds or 1.0)
+    microbench_main(__doc__.splitlines()[0], microbench, learner_ab)
 
 
 if __name__ == "__main__":

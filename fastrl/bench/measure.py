@@ -257,3 +257,24 @@ def alternated_learner_cpu_ms(trainer, batch: dict, routes: dict[str, Callable[[
         for name in (names if r % 2 == 0 else names[::-1]):
             spent[name].append(cpu_ms_per_batch(name, seconds))
     return spent
+
+
+def microbench_main(description: str, microbench: Callable[[int, float], None],
+                    learner_ab: Callable[[str, int, float], None]) -> None:
+    """The command line of a microbenchmark with a learner A/B mode (bench/mlp_microbench.py,
+    bench/activations_microbench.py): `[--rounds R] [--seconds S]` runs `microbench` (5 rounds of 1 s by
+    default), `--learner CONFIG` runs `learner_ab` on that preset (8 rounds of 3 s); 1 torch thread."""
+    import argparse
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--learner", metavar="CONFIG", help="A/B the learner step of this preset instead")
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--seconds", type=float)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.learner:
+        learner_ab(args.learner, args.rounds or 8, args.seconds or 3.0)
+    else:
+        microbench(args.rounds or 5, args.seconds or 1.0)

@@ -57,12 +57,11 @@ class NativeNets:
     def __init__(self, nets: list[tuple[int, list[nn.Linear]]]):
         self.acts = [act for act, _ in nets]
         self.params = [[p for layer in layers for p in (layer.weight, layer.bias)] for _, layers in nets]
+        # the same Parameter objects whatever memory they are re-seated in, so listed once
+        self.all_params = [p for params in self.params for p in params]
         self.widths = [[layers[0].in_features, *(layer.out_features for layer in layers)] for _, layers in nets]
         self._key: tuple | None = None
         self._arrays: list[tuple] = []
-
-    def flat_params(self) -> list[torch.Tensor]:
-        return [p for params in self.params for p in params]
 
     def _arrays_for(self, x: torch.Tensor) -> list[tuple] | None:
         """The parameters' arrays where fastrl_ext can run the nets on `x`: float32 [rows, features] on
@@ -73,10 +72,9 @@ class NativeNets:
 
     def param_arrays(self) -> list[tuple] | None:
         """Per net, its (W_1, b_1, ...) as numpy views; None where a parameter is not float32, contiguous, on the CPU."""
-        key = tuple(p.data_ptr() for params in self.params for p in params)
+        key = tuple(p.data_ptr() for p in self.all_params)
         if key != self._key:
-            if not all(p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()
-                       for params in self.params for p in params):
+            if not all(p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous() for p in self.all_params):
                 return None
             self._arrays = [tuple(p.detach().numpy() for p in params) for params in self.params]
             self._key = key
@@ -86,7 +84,7 @@ class NativeNets:
         """Each net's output on `x` ([rows, its last width]), all through one autograd node; None where
         the nets cannot run on `x` natively (another dtype or device, bf16 autocast: torch's layers then)."""
         arrays = self._arrays_for(x)
-        return None if arrays is None else _Nets.apply(x.contiguous(), self, arrays, *self.flat_params())
+        return None if arrays is None else _Nets.apply(x.contiguous(), self, arrays, *self.all_params)
 
 
 def _split(buffer: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:

@@ -113,12 +113,14 @@ def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
     """With one slot per batch the learner frees slots one at a time; each must not always go to
     worker 0 (it did: worker 1 then stopped after its first two slots for the whole run).
 
-    200k env steps, not fewer: the workers start 0.1 s apart and a SCHED_BATCH worker can wait a few
+    400k env steps, not fewer: the workers start 0.1 s apart and a SCHED_BATCH worker can wait a few
     hundred ms for a core, during which its free slots rightly go to the other. Over 40k env steps
-    (~45 slots) that start-up alone split the work as unevenly as 7 slots to 38, failing one CI run;
-    over 200k, six runs split it 41-50% to the lesser worker, while the bug gave it under 1%."""
+    (~45 slots) that start-up alone split the work as unevenly as 7 slots to 38, failing one CI run.
+    Over 200k, six runs split it 41-50% to the lesser worker until the learner got faster (stop 43's
+    native MLP layers: the run takes ~4 s instead of ~6), after which six read 30-50% and one CI run
+    24.8%; over 400k six read 42-50%. The bug gave the lesser worker under 1%."""
     run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "sampler.num_splits=1",
-                     "--set", "run.train_for_env_steps=200000", runs_dir=tmp_path)
+                     "--set", "run.train_for_env_steps=400000", runs_dir=tmp_path)
     assert run.wait(120) == 0, run.output
     summary = run.summary()
     by_worker = summary["env_steps_by_rollout_worker"]

@@ -23,6 +23,9 @@ setup(
         native_module("rings"),
         native_module("vtrace", LEARNER_HEADERS),
         native_module("appo_loss", LEARNER_HEADERS),
+        # the policy's log-probabilities and entropies with their gradients, for the learner's minibatch
+        # gradient without autograd (fastrl.algo.native_gradient)
+        native_module("policy_head", LEARNER_HEADERS, optimize="-O3", flags=["-fno-trapping-math"]),
         # no fused multiply-adds: the reward scaler's float64 arithmetic matches numpy's bit for bit
         native_module("record", [*LEARNER_HEADERS, RECORD_CORE], flags=["-ffp-contract=off"]),
         # -O3: GCC 12 vectorises the MLP's row loops (trip counts known only at run time) only there

@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 import fastrl.models.activations as activations
-from fastrl.bench.measure import alternated_learner_cpu_ms, alternated_us_per_call, microbench_main
-from fastrl.bench.report import learner_ab_lines
+from fastrl.bench.measure import alternated_us_per_call, microbench_main, switched_learner_ab
 from fastrl_ext import _activations
 
 ROWS = {"HalfCheetah minibatch": 256, "CartPole minibatch": 512, "528 rows": 528}
@@ -47,27 +46,10 @@ def microbench(rounds: int, seconds: float) -> None:
 
 
 def learner_ab(config: str, rounds: int, seconds: float) -> None:
-    # imported here: the microbenchmark alone needs none of the learner's machinery
-    from fastrl.bench.components import learner_on_synthetic_batch
-    from fastrl.config.hardware import resolve_auto
-    from fastrl.config.loader import load_config
-    from fastrl.envs.spec import resolve_env
-
     # torch's layers: with model.native_mlp the MLP's tanh runs inside fastrl_ext._mlp, not through this module
-    cfg = resolve_auto(load_config(config, ["system.learner_threads=1", "model.native_mlp=false"]))
-    trainer, batch = learner_on_synthetic_batch(cfg, resolve_env(cfg.env))
-
-    def route(module):
-        def switch() -> None:
-            activations._native = module
-        return switch
-
-    try:
-        spent = alternated_learner_cpu_ms(trainer, batch, {"numpy": route(None), "native": route(_activations)},
-                                          rounds, seconds)
-    finally:
-        activations._native = _activations
-    print("\n".join(learner_ab_lines(config, _activations.ISA, spent, "numpy", "native")))
+    switched_learner_ab(config, ["model.native_mlp=false"],
+                        lambda trainer: (activations, "_native", {"numpy": None, "native": _activations}),
+                        rounds, seconds, _activations.ISA)
 
 
 def main() -> None:

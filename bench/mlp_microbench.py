@@ -7,9 +7,10 @@ Without --learner: microseconds per call of the presets' networks (CartPole: 4 -
 -> 1, tanh; HalfCheetah: 17 -> 64 -> 64 -> 6 and -> 1, tanh, observation normaliser) at their learner
 minibatches' rows, forward with autograd recording, and forward + backward of a sum over both
 outputs, 1 thread, `model.native_mlp` off and on in turn (the same weights).
-With --learner: the preset's learner trained on `fastrl bench`'s synthetic batch, its network's
-native layers switched off and on in alternate rounds; CPU milliseconds per batch (this thread's)
-and the ratio torch/native of each pair of rounds (> 1: native is cheaper).
+With --learner: the preset's learner trained on `fastrl bench`'s synthetic batch through autograd
+(algo.native_gradient off), its network's native layers switched off and on in alternate rounds; CPU
+milliseconds per batch (this thread's) and the ratio torch/native of each pair of rounds (> 1: native is
+cheaper).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fastrl.bench.measure import alternated_learner_cpu_ms, alternated_us_per_call, microbench_main
-from fastrl.bench.report import learner_ab_lines
+from fastrl.bench.measure import alternated_us_per_call, microbench_main, switched_learner_ab
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
@@ -54,29 +54,15 @@ def microbench(rounds: int, seconds: float) -> None:
 
 
 def learner_ab(config: str, rounds: int, seconds: float) -> None:
-    # imported here: the microbenchmark alone needs none of the learner's machinery
-    from fastrl.bench.components import learner_on_synthetic_batch
-    from fastrl.config.hardware import resolve_auto
-    from fastrl.config.loader import load_config
-    from fastrl.envs.spec import resolve_env
+    def choose(trainer):
+        nets = trainer.net.native_nets
+        if nets is None:
+            raise SystemExit(f"{config}: the network has no native layers (model.native_mlp applies to fp32 MLPs "
+                             "with shared_encoder false)")
+        return trainer.net, "native_nets", {"torch": None, "native": nets}
 
-    cfg = resolve_auto(load_config(config, ["system.learner_threads=1"]))
-    trainer, batch = learner_on_synthetic_batch(cfg, resolve_env(cfg.env))
-    nets = trainer.net.native_nets
-    if nets is None:
-        raise SystemExit(f"{config}: the network has no native layers (model.native_mlp applies to fp32 MLPs "
-                         "with shared_encoder false)")
-
-    def route(native_nets):
-        def switch() -> None:
-            trainer.net.native_nets = native_nets
-        return switch
-
-    try:
-        spent = alternated_learner_cpu_ms(trainer, batch, {"torch": route(None), "native": route(nets)}, rounds, seconds)
-    finally:
-        trainer.net.native_nets = nets
-    print("\n".join(learner_ab_lines(config, _mlp.ISA, spent, "torch", "native")))
+    # under autograd both ways: the native gradient chain (algo.native_gradient) would run only with the layers
+    switched_learner_ab(config, ["algo.native_gradient=false"], choose, rounds, seconds, _mlp.ISA)
 
 
 def main() -> None:

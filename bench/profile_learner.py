@@ -6,7 +6,9 @@
 Trains the preset's network with its optimizer settings on `fastrl bench`'s synthetic batch (the
 learn stage's), wrapping each phase of `APPOTrainer.train` in a timer: the network's forward, the
 distribution's log-prob and entropy, V-trace, the loss, backward, gradient clipping, Adam; "other"
-is the rest of the loop (minibatch gathers, statistics, the generator). Through a bf16 working copy
+is the rest of the loop (minibatch gathers, statistics, the generator). Through the native chain
+(algo.native_gradient) "log_prob" is the head's log-probs and entropies in one call, and "backward" the
+head's and the layers' gradients. Through a bf16 working copy
 (fastrl.algo.bf16_copy) "backward" is its autograd.grad, "grad_sum" the pieces summed into the fp32
 gradients and "refresh" the copy's cast. Figures are wall microseconds per optimizer step, medians
 over batches; the learner's torch threads and heap setting as configured. With learner shards the
@@ -23,10 +25,12 @@ import resource
 import statistics
 import time
 from collections import defaultdict
+from types import SimpleNamespace
 
 import torch
 
 import fastrl.algo.appo as appo
+import fastrl.algo.native_gradient as native_gradient
 from fastrl.bench.components import learner_on_synthetic_batch
 from fastrl.config.hardware import resolve_auto
 from fastrl.config.loader import load_config
@@ -78,6 +82,18 @@ def main() -> None:
     appo.clip_scale = timed(spent, "clip", originals["clip_scale"])
     backward = torch.Tensor.backward
     torch.Tensor.backward = timed(spent, "backward", backward)
+    # the native chain (algo.native_gradient) calls its pieces through its module's names: the layers'
+    # forward and backward, the head's log-prob and entropy (forward) and its gradient (backward)
+    chain_originals = {name: getattr(native_gradient, name)
+                       for name in ("_mlp", "_policy_head", "_appo_loss", "vtrace")}
+    mlp, head = chain_originals["_mlp"], chain_originals["_policy_head"]
+    native_gradient._mlp = SimpleNamespace(forward=timed(spent, "forward", mlp.forward),
+                                           backward=timed(spent, "backward", mlp.backward))
+    native_gradient._policy_head = SimpleNamespace(forward=timed(spent, "log_prob", head.forward),
+                                                   backward=timed(spent, "backward", head.backward))
+    loss = chain_originals["_appo_loss"].appo_loss
+    native_gradient._appo_loss = SimpleNamespace(appo_loss=timed(spent, "loss", loss))
+    native_gradient.vtrace = timed(spent, "vtrace", chain_originals["vtrace"])
 
     steps_per_batch = cfg.algo.num_epochs * cfg.algo.num_minibatches
     per_batch: list[dict] = []
@@ -102,6 +118,8 @@ def main() -> None:
         torch.Tensor.backward = backward
         for name, fn in originals.items():
             setattr(appo, name, fn)
+        for name, value in chain_originals.items():
+            setattr(native_gradient, name, value)
 
     print(f"{args.config} {' '.join(args.overrides)}: {cfg.algo.batch_size} samples x {cfg.algo.num_epochs} epoch(s) "
           f"in {cfg.algo.num_minibatches} minibatches ({cfg.algo.minibatch_unit}), {cfg.system.learner_threads} "

@@ -42,15 +42,19 @@ and refresh cast are the references (tests/test_optim.py, tests/test_bf16_copy.p
 `_mlp`: an fp32 MLP's layers (products, biases, tanh or ReLU) forward and backward in one call each,
 vectorised the same way; torch's layers and autograd are the reference (tests/test_native_mlp.py). Used
 by `fastrl.models.native_mlp` for the MLP presets' actor and critic (`model.native_mlp`).
+
+`_policy_head`: the categorical or Gaussian policy's log-probabilities and entropies, and their gradients,
+one call each; `ActorCritic.log_prob` and `entropy` through torch's autograd are the reference
+(tests/test_native_gradient.py). Used by `fastrl.algo.native_gradient` (`algo.native_gradient`).
 """
 
 try:
-    from fastrl_ext import _acting, _activations, _appo_loss, _frames, _mlp, _optim, _record, _rings, _vtrace
+    from fastrl_ext import _acting, _activations, _appo_loss, _frames, _mlp, _optim, _policy_head, _record, _rings, _vtrace
     from fastrl_ext import _rollout  # after _acting, whose capsule it imports
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _acting = _activations = _appo_loss = _frames = _mlp = _optim = _record = _rings = _rollout = _vtrace = None
+    _acting = _activations = _appo_loss = _frames = _mlp = _optim = _policy_head = _record = _rings = _rollout = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_acting", "_activations", "_appo_loss", "_frames", "_mlp", "_optim", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]
+__all__ = ["_acting", "_activations", "_appo_loss", "_frames", "_mlp", "_optim", "_policy_head", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]

@@ -26,6 +26,7 @@ from fastrl.algo.appo_loss import LossOutput, appo_loss, normalized_advantages
 from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm, clip_scale
+from fastrl.algo.native_gradient import NativeGradient
 from fastrl.algo.shards import ShardPool, even_cuts, ran_here
 from fastrl.algo.split_backward import WeightGradThread
 from fastrl.algo.vtrace import vtrace
@@ -80,6 +81,9 @@ class APPOTrainer:
         # `net` runs every forward; `model` holds the fp32 weights that Adam updates and others read
         self.bf16_copy = Bf16WorkingCopy(model, native_optimizer) if model.bf16 and bf16_working_copy else None
         self.grad_sum_sq = None  # the last gradient's sum of squares, where the copy summed it natively
+        # a minibatch's loss and gradient without autograd, where its pieces all run natively (algo.native_gradient)
+        self.native_gradient = NativeGradient(model, cfg, self.flat) if NativeGradient.supported(
+            model, cfg, self.flat) else None
         self.net = self.bf16_copy.model if self.bf16_copy is not None else model
         if split not in ("rows", "weight_grads"):
             raise ValueError(f"split must be rows or weight_grads, got {split!r}")
@@ -177,6 +181,9 @@ class APPOTrainer:
         self.grad_sum_sq = None
         if self.bf16_copy is not None:
             self.bf16_copy.refresh()  # the weights the last step left
+        native = self._native_gradient_for(minibatch_loss)
+        if native is not None:
+            return native(mb)
         if self._parallel(minibatches=1) and self.split == "rows":
             return self._sharded_sample_backward(mb)
         out = minibatch_loss(mb)
@@ -185,6 +192,15 @@ class APPOTrainer:
         else:
             out.loss.backward()
         return out
+
+    def _native_gradient_for(self, minibatch_loss):
+        """The native chain that computes `minibatch_loss` and its gradient, where it can run now (one shard:
+        with more, their threads share the minibatch through autograd); else None."""
+        if self.native_gradient is None or self.pool.shards != 1 or not self.native_gradient.ready():
+            return None
+        if minibatch_loss == self._trajectory_minibatch_loss:
+            return self.native_gradient.trajectory_minibatch
+        return self.native_gradient.sample_minibatch if minibatch_loss == self._sample_minibatch_loss else None
 
     def _sharded_sample_backward(self, mb: dict) -> LossOutput:
         """The sample minibatch's loss and gradient as `pool.shards` pieces on as many threads; the

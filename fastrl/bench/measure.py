@@ -259,6 +259,33 @@ def alternated_learner_cpu_ms(trainer, batch: dict, routes: dict[str, Callable[[
     return spent
 
 
+def switched_learner_ab(config: str, overrides: list[str], choose: Callable, rounds: int, seconds: float,
+                        isa: str) -> None:
+    """A microbenchmark's learner A/B: the preset's learner (1 thread, `overrides` applied) on `fastrl bench`'s
+    synthetic batch, one attribute switched between two values in alternate rounds
+    (alternated_learner_cpu_ms), and what it measured printed (fastrl.bench.report.learner_ab_lines).
+    `choose(trainer)` returns (owner, attribute name, {label: value} for the before and the after value);
+    the attribute is restored afterwards."""
+    # imported here: the microbenchmarks alone need none of the learner's machinery
+    from fastrl.bench.components import learner_on_synthetic_batch
+    from fastrl.bench.report import learner_ab_lines
+    from fastrl.config.hardware import resolve_auto
+    from fastrl.config.loader import load_config
+    from fastrl.envs.spec import resolve_env
+
+    cfg = resolve_auto(load_config(config, ["system.learner_threads=1", *overrides]))
+    trainer, batch = learner_on_synthetic_batch(cfg, resolve_env(cfg.env))
+    owner, name, values = choose(trainer)
+    original = getattr(owner, name)
+    routes = {label: (lambda value=value: setattr(owner, name, value)) for label, value in values.items()}
+    try:
+        spent = alternated_learner_cpu_ms(trainer, batch, routes, rounds, seconds)
+    finally:
+        setattr(owner, name, original)
+    before, after = values
+    print("\n".join(learner_ab_lines(config, isa, spent, before, after)))
+
+
 def microbench_main(description: str, microbench: Callable[[int, float], None],
                     learner_ab: Callable[[str, int, float], None]) -> None:
     """The command line of a microbenchmark with a learner A/B mode (bench/mlp_microbench.py,

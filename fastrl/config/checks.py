@@ -111,6 +111,9 @@ def check_config(cfg: Config) -> list[str]:
     if cfg.model.native_mlp and fastrl_ext._mlp is None:
         problems.append(f"model.native_mlp=true but fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}): "
                         "reinstall with a C++ compiler (pip install -e .), or set model.native_mlp=false")
+    if a.native_gradient and fastrl_ext._policy_head is None:
+        problems.append(f"algo.native_gradient=true but fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}): "
+                        "reinstall with a C++ compiler (pip install -e .), or set algo.native_gradient=false")
     if a.lr_decay_env_steps is not None:
         if a.lr_schedule != "linear":
             problems.append(f"algo.lr_decay_env_steps={a.lr_decay_env_steps} only applies to algo.lr_schedule=linear, "

@@ -80,6 +80,12 @@ class AlgoConfig:
     native_loss: bool = opt(
         True, "Compute the APPO loss and its gradient in fastrl_ext's C++ loop when the batch is on the CPU (one call "
         "instead of ~75 small torch ops per minibatch); false runs the torch reference (same math).")
+    native_gradient: bool = opt(
+        True, "Compute a minibatch's loss and gradient as a chain of fastrl_ext calls without torch's autograd "
+        "(fastrl.algo.native_gradient): the actor and critic forward, the policy's log-prob and entropy, V-trace, "
+        "the loss, and back through the head and the layers into the gradients. Taken where the autograd path "
+        "would run the same native pieces (model.native_mlp's layers, native_vtrace, native_loss, fp32, one "
+        "learner shard, minibatches_per_weights 1); the same math to float rounding. false keeps autograd.")
     clip_ratio: float = opt(0.1, "PPO clip epsilon of the surrogate objective.")
     value_coef: float = opt(0.5, "Weight of the value loss.")
     value_clip: Optional[float] = opt(None, "If set, clip the value prediction to +-this around the behaviour value.")

@@ -1,0 +1,257 @@
+// fastrl_ext._policy_head: the policy distribution's log-probabilities and entropies, and their gradients,
+// in one call each, for the learner's minibatch gradient without autograd (fastrl.algo.native_gradient).
+//
+//   forward(params, actions, log_std, lp, ent)
+//   backward(params, actions, log_std, g_lp, g_ent, g_params, g_log_std)
+//
+// Categorical (log_std None): params are logits l [N, K], actions int32 or int64 [N], p = softmax(l):
+//   lp_i = l_i[a_i] - logsumexp(l_i)                 ent_i = -sum_k p_ik log p_ik
+//   d lp_i / d l_ik = [k == a_i] - p_ik              d ent_i / d l_ik = -p_ik (log p_ik + ent_i)
+// Gaussian (log_std [A]): params are means mu [N, A], actions float32 [N, A], z = (a - mu) / exp(log_std):
+//   lp_i = sum_j (-z_ij^2 / 2 - log_std_j - log sqrt(2 pi))     ent_i = sum_j (log_std_j + 1/2 + log sqrt(2 pi))
+//   d lp_i / d mu_ij = z_ij / exp(log_std_j)   d lp_i / d log_std_j = z_ij^2 - 1   d ent_i / d log_std_j = 1
+// backward writes g_params [N, .] = g_lp * d lp / d params + g_ent * d ent / d params, and (Gaussian)
+// g_log_std [A] = that summed over the rows (in float64), for the loss's gradients g_lp and g_ent [N].
+// The math is fastrl.models.actor_critic's log_prob and entropy, which stay the reference (tests hold the
+// two together through torch's autograd). Everything float32, C-contiguous (numpy views of CPU tensors).
+#include "buffer_view.h"
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+using View = fastrl_ext::BufferView;
+constexpr double LOG_SQRT_2PI = 0.91893853320467274178;
+
+struct Head {
+    Py_ssize_t N = 0, width = 0;  // rows; logits or action dimensions
+    const float* params = nullptr;
+    const void* actions = nullptr;
+    bool actions_int64 = false;   // categorical actions: int64, else int32
+    const float* log_std = nullptr;  // null: categorical
+};
+
+bool float_view(View& v, PyObject* obj, bool writable, const char* caller, const char* name) {
+    if (!v.get(obj, writable, caller, name)) return false;
+    if (v.kind() != 'f') {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be float32", caller, name);
+        return false;
+    }
+    return true;
+}
+
+// Fills `head` from (params, actions, log_std), the views held in v[0..2]; false with an error set.
+bool parse_head(Head& head, View* v, PyObject* params, PyObject* actions, PyObject* log_std, const char* caller) {
+    if (!float_view(v[0], params, false, caller, "params")) return false;
+    if (v[0].buf.ndim != 2) {
+        PyErr_Format(PyExc_ValueError, "%s: params must be [rows, width]", caller);
+        return false;
+    }
+    head.N = v[0].dim(0);
+    head.width = v[0].dim(1);
+    head.params = static_cast<const float*>(v[0].buf.buf);
+    if (!v[1].get(actions, false, caller, "actions")) return false;
+    head.actions = v[1].buf.buf;
+    if (log_std == Py_None) {
+        const char kind = v[1].kind();
+        if ((kind != 'i' && kind != 'l' && kind != 'q') || (v[1].buf.itemsize != 4 && v[1].buf.itemsize != 8)) {
+            PyErr_Format(PyExc_TypeError, "%s: categorical actions must be int32 or int64", caller);
+            return false;
+        }
+        head.actions_int64 = v[1].buf.itemsize == 8;
+        if (v[1].items() != head.N) {
+            PyErr_Format(PyExc_ValueError, "%s: %zd actions for %zd rows", caller, v[1].items(), head.N);
+            return false;
+        }
+        return true;
+    }
+    if (v[1].kind() != 'f' || v[1].items() != head.N * head.width) {
+        PyErr_Format(PyExc_ValueError, "%s: Gaussian actions must be float32 [%zd, %zd]", caller, head.N, head.width);
+        return false;
+    }
+    if (!float_view(v[2], log_std, false, caller, "log_std")) return false;
+    if (v[2].items() != head.width) {
+        PyErr_Format(PyExc_ValueError, "%s: log_std has %zd elements for %zd action dimensions", caller,
+                     v[2].items(), head.width);
+        return false;
+    }
+    head.log_std = static_cast<const float*>(v[2].buf.buf);
+    return true;
+}
+
+// A float32 [rows] array written or read per row; false with an error set.
+bool row_view(View& v, PyObject* obj, bool writable, Py_ssize_t N, const char* caller, const char* name) {
+    if (!float_view(v, obj, writable, caller, name)) return false;
+    if (v.items() != N) {
+        PyErr_Format(PyExc_ValueError, "%s: %s has %zd elements for %zd rows", caller, name, v.items(), N);
+        return false;
+    }
+    return true;
+}
+
+// The action of row i, checked against the logits' width (an out-of-range index is an error, not a read
+// past the row); -1 when out of range.
+Py_ssize_t action_at(const Head& h, Py_ssize_t i) {
+    const long long a = h.actions_int64 ? static_cast<const long long*>(h.actions)[i]
+                                        : static_cast<const int*>(h.actions)[i];
+    return a >= 0 && a < h.width ? static_cast<Py_ssize_t>(a) : -1;
+}
+
+// Row i's log-softmax into logp[0..K), returning its entropy.
+float log_softmax_row(const float* l, Py_ssize_t K, float* logp) {
+    float m = l[0];
+    for (Py_ssize_t k = 1; k < K; ++k) m = l[k] > m ? l[k] : m;
+    float s = 0.0f;
+    for (Py_ssize_t k = 0; k < K; ++k) s += std::exp(l[k] - m);
+    const float lse = m + std::log(s);
+    float ent = 0.0f;
+    for (Py_ssize_t k = 0; k < K; ++k) {
+        logp[k] = l[k] - lse;
+        ent -= std::exp(logp[k]) * logp[k];
+    }
+    return ent;
+}
+
+// fn(i, a, logp, ent) for each row i of a categorical head, with its action a, its log-softmax logp and its
+// entropy; false at the first action out of range.
+template <typename Fn>
+bool each_categorical_row(const Head& h, Fn fn) {
+    std::vector<float> logp(static_cast<size_t>(h.width));
+    for (Py_ssize_t i = 0; i < h.N; ++i) {
+        const Py_ssize_t a = action_at(h, i);
+        if (a < 0) return false;
+        const float ent = log_softmax_row(h.params + i * h.width, h.width, logp.data());
+        fn(i, a, logp.data(), ent);
+    }
+    return true;
+}
+
+bool forward(const Head& h, float* lp, float* ent) {
+    const Py_ssize_t N = h.N, W = h.width;
+    if (h.log_std == nullptr) {
+        return each_categorical_row(h, [&](Py_ssize_t i, Py_ssize_t a, const float* logp, float row_ent) {
+            ent[i] = row_ent;
+            lp[i] = logp[a];
+        });
+    }
+    const float* actions = static_cast<const float*>(h.actions);
+    float entropy = 0.0f;
+    std::vector<float> inv_std(static_cast<size_t>(W));
+    for (Py_ssize_t j = 0; j < W; ++j) {
+        entropy += h.log_std[j] + 0.5f + float(LOG_SQRT_2PI);
+        inv_std[j] = 1.0f / std::exp(h.log_std[j]);
+    }
+    for (Py_ssize_t i = 0; i < N; ++i) {
+        const float* mu = h.params + i * W;
+        const float* a = actions + i * W;
+        float sum = 0.0f;
+        for (Py_ssize_t j = 0; j < W; ++j) {
+            const float z = (a[j] - mu[j]) * inv_std[j];
+            sum += -0.5f * z * z - h.log_std[j] - float(LOG_SQRT_2PI);
+        }
+        lp[i] = sum;
+        ent[i] = entropy;
+    }
+    return true;
+}
+
+bool backward(const Head& h, const float* g_lp, const float* g_ent, float* g_params, float* g_log_std) {
+    const Py_ssize_t N = h.N, W = h.width;
+    if (h.log_std == nullptr) {
+        return each_categorical_row(h, [&](Py_ssize_t i, Py_ssize_t a, const float* logp, float ent) {
+            float* g = g_params + i * W;
+            for (Py_ssize_t k = 0; k < W; ++k) {
+                const float p = std::exp(logp[k]);
+                g[k] = -g_lp[i] * p - g_ent[i] * p * (logp[k] + ent);
+            }
+            g[a] += g_lp[i];
+        });
+    }
+    const float* actions = static_cast<const float*>(h.actions);
+    std::vector<float> inv_std(static_cast<size_t>(W));
+    std::vector<double> sums(static_cast<size_t>(W), 0.0);
+    for (Py_ssize_t j = 0; j < W; ++j) inv_std[j] = 1.0f / std::exp(h.log_std[j]);
+    double ent_sum = 0.0;
+    for (Py_ssize_t i = 0; i < N; ++i) {
+        const float* mu = h.params + i * W;
+        const float* a = actions + i * W;
+        float* g = g_params + i * W;
+        for (Py_ssize_t j = 0; j < W; ++j) {
+            const float z = (a[j] - mu[j]) * inv_std[j];
+            g[j] = g_lp[i] * z * inv_std[j];
+            sums[j] += double(g_lp[i]) * (double(z) * z - 1.0);
+        }
+        ent_sum += g_ent[i];
+    }
+    for (Py_ssize_t j = 0; j < W; ++j) g_log_std[j] = float(sums[j] + ent_sum);
+    return true;
+}
+
+PyObject* out_of_range(const char* caller) {
+    PyErr_Format(PyExc_IndexError, "%s: an action is outside the logits' range", caller);
+    return nullptr;
+}
+
+PyObject* py_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    static const char* caller = "policy_head.forward";
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "forward(params, actions, log_std, lp, ent) takes 5 arguments");
+        return nullptr;
+    }
+    Head head;
+    View v[5];
+    if (!parse_head(head, v, args[0], args[1], args[2], caller) ||
+        !row_view(v[3], args[3], true, head.N, caller, "lp") || !row_view(v[4], args[4], true, head.N, caller, "ent"))
+        return nullptr;
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS ok = forward(head, static_cast<float*>(v[3].buf.buf), static_cast<float*>(v[4].buf.buf));
+    Py_END_ALLOW_THREADS if (!ok) return out_of_range(caller);
+    Py_RETURN_NONE;
+}
+
+PyObject* py_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    static const char* caller = "policy_head.backward";
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "backward(params, actions, log_std, g_lp, g_ent, g_params, g_log_std) takes 7 arguments");
+        return nullptr;
+    }
+    Head head;
+    View v[7];
+    if (!parse_head(head, v, args[0], args[1], args[2], caller) ||
+        !row_view(v[3], args[3], false, head.N, caller, "g_lp") ||
+        !row_view(v[4], args[4], false, head.N, caller, "g_ent") ||
+        !row_view(v[5], args[5], true, head.N * head.width, caller, "g_params"))
+        return nullptr;
+    float* g_log_std = nullptr;
+    if (head.log_std != nullptr) {
+        if (!row_view(v[6], args[6], true, head.width, caller, "g_log_std")) return nullptr;
+        g_log_std = static_cast<float*>(v[6].buf.buf);
+    } else if (args[6] != Py_None) {
+        PyErr_Format(PyExc_ValueError, "%s: a categorical head has no g_log_std (pass None)", caller);
+        return nullptr;
+    }
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS ok = backward(head, static_cast<const float*>(v[3].buf.buf),
+                                         static_cast<const float*>(v[4].buf.buf), static_cast<float*>(v[5].buf.buf),
+                                         g_log_std);
+    Py_END_ALLOW_THREADS if (!ok) return out_of_range(caller);
+    Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_forward)), METH_FASTCALL,
+     "forward(params, actions, log_std, lp, ent): each row's log-probability of its action into lp and its "
+     "entropy into ent; categorical logits when log_std is None, else Gaussian means with that log-std."},
+    {"backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_backward)), METH_FASTCALL,
+     "backward(params, actions, log_std, g_lp, g_ent, g_params, g_log_std): the gradient of "
+     "sum(g_lp * lp + g_ent * ent) w.r.t. params into g_params, and (Gaussian) w.r.t. log_std into g_log_std."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_policy_head",
+                      "The policy's log-probabilities and entropies with their gradients (fastrl_ext).", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__policy_head() { return PyModule_Create(&module); }

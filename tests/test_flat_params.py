@@ -11,6 +11,7 @@ import torch
 from fastrl.algo.adam import Adam
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm
+from fastrl_ext import _optim
 from test_appo_trainer import _trainer_and_batch
 
 SHAPES = [(64, 17), (64,), (64, 64), (64,), (6, 64), (6,), (6,)]
@@ -56,12 +57,18 @@ def test_only_plain_views_are_flattened():
         FlatParams([conv])
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused kernel", "per-tensor"])
-def test_flat_adam_takes_the_same_steps_as_per_tensor_adam(fused):
+@pytest.mark.parametrize("route", ["native", "fused kernel", "per-tensor"])
+@pytest.mark.parametrize("clip_scale", [None, 0.37])
+def test_flat_adam_takes_the_same_steps_as_per_tensor_adam(route, clip_scale):
+    """The flat update (fastrl_ext._optim's one pass, or torch's kernels over the flat tensors) against the
+    per-parameter one; with a clip's scale, against a list whose gradients were scaled beforehand."""
     flat_params, list_params = _params(0), _params(0)
     flat = FlatParams(flat_params)
-    flat_opt, list_opt = Adam(flat_params, lr=1e-2, flat=flat), Adam(list_params, lr=1e-2)
-    if not fused:
+    flat_opt = Adam(flat_params, lr=1e-2, flat=flat, native=route == "native")
+    list_opt = Adam(list_params, lr=1e-2)
+    if route == "native" and _optim is None:
+        pytest.skip("fastrl_ext not built")
+    if route == "per-tensor":
         flat_opt.fused = list_opt.fused = False
     elif not flat_opt.fused:
         pytest.skip("this torch has no fused CPU Adam kernel")
@@ -69,13 +76,21 @@ def test_flat_adam_takes_the_same_steps_as_per_tensor_adam(fused):
         for opt, params in ((flat_opt, flat_params), (list_opt, list_params)):
             opt.zero_grad()
             _backward(params, step)
-            opt.step()
+        if clip_scale is None:
+            flat_opt.step()
+        else:
+            flat_opt.step(torch.tensor(clip_scale))
+            for p in list_params:
+                p.grad.mul_(clip_scale)
+        list_opt.step()
     for a, b, p0 in zip(flat_params, list_params, _params(0)):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
         assert float((a - p0).detach().abs().max()) > 1e-3
     # checkpoints keep torch.optim's per-parameter layout, whichever way the state was held
     state = flat_opt.state_dict()
     assert [float(s["step"]) for s in state["state"].values()] == [5.0] * len(SHAPES)
+    if clip_scale is not None:
+        return
     restored = Adam(_params(1), lr=1e-2)
     restored.load_state_dict(state)
     for a, b in zip(restored.exp_avg_sqs, list_opt.exp_avg_sqs):

@@ -160,6 +160,24 @@ def test_a_minibatch_loss_and_gradient_match_autograd(preset, overrides):
 
 
 @needs_native
+def test_episode_flags_of_another_dtype_take_the_same_v_trace():
+    """The chain calls fastrl_ext._vtrace straight on bool flags and float32 rewards; other dtypes go through
+    fastrl.algo.vtrace's conversions, to the same loss and gradient."""
+    (native, _), batch = _trainers("configs/mujoco_halfcheetah.yaml", [])
+    native.generator.manual_seed(0)
+    out, grads = _one_minibatch(native, batch)
+    converted = dict(batch, terminated=batch["terminated"].to(torch.uint8), truncated=batch["truncated"].float(),
+                     rewards=batch["rewards"].double())
+    native.generator.manual_seed(0)  # the same minibatch again
+    out_converted, grads_converted = _one_minibatch(native, converted)
+    assert batch["terminated"].any() and batch["truncated"].any()
+    for name, value, expected in zip(out._fields, out_converted, out):
+        assert abs(float(value) - float(expected)) <= 1e-6 * max(1.0, abs(float(expected))), name
+    for name, expected in grads.items():
+        torch.testing.assert_close(grads_converted[name], expected, atol=1e-7, rtol=1e-5, msg=name)
+
+
+@needs_native
 @pytest.mark.parametrize("preset", ["configs/mujoco_halfcheetah.yaml", "configs/cartpole.yaml"])
 def test_a_training_pass_lands_on_the_same_weights(preset):
     (native, reference), batch = _trainers(preset, ["algo.num_minibatches=4", "algo.num_epochs=2"])

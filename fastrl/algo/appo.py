@@ -77,7 +77,7 @@ class APPOTrainer:
         # the MLPs' parameters and gradients as views of two flat tensors: the clip and Adam run over one
         # tensor each instead of a dozen (fastrl.algo.flat_params says why and when)
         self.flat = FlatParams(self.trained_params) if FlatParams.supported(self.trained_params) else None
-        self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps, flat=self.flat)
+        self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps, flat=self.flat, native=native_optimizer)
         # `net` runs every forward; `model` holds the fp32 weights that Adam updates and others read
         self.bf16_copy = Bf16WorkingCopy(model, native_optimizer) if model.bf16 and bf16_working_copy else None
         self.grad_sum_sq = None  # the last gradient's sum of squares, where the copy summed it natively
@@ -183,7 +183,8 @@ class APPOTrainer:
             self.bf16_copy.refresh()  # the weights the last step left
         native = self._native_gradient_for(minibatch_loss)
         if native is not None:
-            return native(mb)
+            out, self.grad_sum_sq = native(mb)  # the clip's sum of squares comes with the gradient
+            return out
         if self._parallel(minibatches=1) and self.split == "rows":
             return self._sharded_sample_backward(mb)
         out = minibatch_loss(mb)
@@ -379,7 +380,8 @@ class APPOTrainer:
             else:
                 flat = self.flat is not None and self.flat.attached()  # not under another optimizer's zero_grad
                 grad_norm = clip_grad_norm(self.trained_params, cfg.max_grad_norm, self.flat.grad if flat else None)
-            if not torch.isfinite(out.loss) or not torch.isfinite(grad_norm):
+            # as Python floats: torch.isfinite and its bool cost ~15 µs a tensor on the MLP presets' step
+            if not math.isfinite(float(out.loss.detach())) or not math.isfinite(float(grad_norm)):
                 skipped += 1  # a non-finite step would poison the weights; drop it
                 self.skipped_total += 1
                 self.skipped_in_row += 1

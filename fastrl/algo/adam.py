@@ -153,9 +153,9 @@ class Adam:
         flat = self.flat
         if not self.native or _optim is None or flat is None:
             return False
-        key = (flat.data.data_ptr(), flat.grad.data_ptr(), self.flat_exp_avg.data_ptr(), self.flat_exp_avg_sq.data_ptr())
+        tensors = (flat.data, flat.grad, self.flat_exp_avg, self.flat_exp_avg_sq)
+        key = tuple(t.data_ptr() for t in tensors)
         if self._flat_arrays is None or self._flat_arrays[0] != key:
-            tensors = (flat.data, flat.grad, self.flat_exp_avg, self.flat_exp_avg_sq)
             if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
                 return False
             self._flat_arrays = (key, tuple(t.detach().numpy() for t in tensors))

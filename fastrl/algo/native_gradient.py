@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from fastrl.algo.appo_loss import LossOutput
+from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
 from fastrl.models import ActorCritic
-from fastrl.models.native_mlp import NativeNets, _split
+from fastrl.models.native_mlp import NativeNets, split_views
 from fastrl_ext import _appo_loss, _mlp, _policy_head, _vtrace
 
 # Buffers for up to this many distinct minibatch shapes are kept (a batch's minibatches
@@ -34,7 +35,7 @@ MAX_CACHED_SHAPES = 4
 class NativeGradient:
     """The loss and gradient of a trajectory or sample minibatch for one ActorCritic and its FlatParams."""
 
-    def __init__(self, model: ActorCritic, cfg: AlgoConfig, flat):
+    def __init__(self, model: ActorCritic, cfg: AlgoConfig, flat: FlatParams):
         self.model, self.cfg, self.flat = model, cfg, flat
         self.nets: NativeNets = model.native_nets
         self.coefs = (float(cfg.clip_ratio), float(cfg.value_coef), float(cfg.entropy_coef),
@@ -43,7 +44,7 @@ class NativeGradient:
         self._scratch: dict[tuple[int, int], _Scratch] = {}
 
     @staticmethod
-    def supported(model: ActorCritic, cfg: AlgoConfig, flat) -> bool:
+    def supported(model: ActorCritic, cfg: AlgoConfig, flat: FlatParams | None) -> bool:
         """Whether this trainer's minibatches can take the native chain (see the module's docstring)."""
         return (cfg.native_gradient and cfg.native_loss and cfg.native_vtrace and flat is not None
                 and _policy_head is not None and _mlp is not None and _appo_loss is not None and _vtrace is not None
@@ -162,12 +163,12 @@ class _Scratch:
         self.activations = []  # per net, each layer's output [rows, width]
         for net_widths in widths:
             buffer = np.empty(rows * sum(net_widths[1:]), np.float32)
-            self.activations.append(tuple(_split(buffer, [(rows, w) for w in net_widths[1:]])))
+            self.activations.append(tuple(split_views(buffer, [(rows, w) for w in net_widths[1:]])))
         actor_width = widths[0][-1]
         # the loss's gradient w.r.t. the nets' outputs; zeros past row n (a trajectory's bootstrap step), which
         # the loss does not read, stay zero
         out_grads = np.zeros(rows * (actor_width + 1), np.float32)
-        self.g_params, self.g_values = _split(out_grads, [(rows, actor_width), (rows, 1)])
+        self.g_params, self.g_values = split_views(out_grads, [(rows, actor_width), (rows, 1)])
         self.lp, self.ent, self.log_ratios, self.vs, self.advantages = np.empty((5, n), np.float32)
         self.loss_grads = np.empty((3, n), np.float32)  # w.r.t. log-probs, entropies, values
         self.stats = np.empty(6, np.float64)  # loss, policy loss, value loss, entropy, approx KL, clip fraction

@@ -87,7 +87,7 @@ class NativeNets:
         return None if arrays is None else _Nets.apply(x.contiguous(), self, arrays, *self.all_params)
 
 
-def _split(buffer: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+def split_views(buffer: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
     """Consecutive C-contiguous views of `buffer` with these shapes."""
     views, at = [], 0
     for shape in shapes:
@@ -108,7 +108,7 @@ class _Nets(torch.autograd.Function):
         outputs, activations = [], []
         for act, arrays, widths in zip(nets.acts, param_arrays, nets.widths):
             buffer = torch.empty(rows * sum(widths[1:]))
-            hs = _split(buffer.numpy(), [(rows, w) for w in widths[1:]])
+            hs = split_views(buffer.numpy(), [(rows, w) for w in widths[1:]])
             _native.forward(x_array, arrays, tuple(hs), act)
             activations.append(tuple(hs))
             outputs.append(torch.from_numpy(hs[-1]))  # shares the buffer
@@ -125,7 +125,7 @@ class _Nets(torch.autograd.Function):
                 param_grads += [None] * len(arrays)
                 continue
             buffer = torch.empty(sum(a.size for a in arrays))
-            grads = _split(buffer.numpy(), [a.shape for a in arrays])
+            grads = split_views(buffer.numpy(), [a.shape for a in arrays])
             net_grad_x = None if grad_x is None else np.empty_like(ctx.x_array)
             _native.backward(grad.float().contiguous().numpy(), ctx.x_array, arrays, ctx.activations[k],
                              tuple(grads), act, net_grad_x)

@@ -43,9 +43,12 @@ class _NativeViews:
         self.key = None
         self.fixed = None
 
-    def jobs(self, adam: "Adam", copies: list) -> list | None:
+    def jobs(self, adam: "Adam", copies: list | None) -> list | None:
         """Per parameter (param, grad, exp_avg, exp_avg_sq, copy) views, None for one without a
-        gradient; None altogether where the native step does not apply."""
+        gradient; None altogether where the native step does not apply. Without `copies`, float32 CPU
+        flat buffers make one job (copy None) over the whole flat parameter."""
+        if copies is None:
+            return self._flat_job(adam)
         if _optim is None or adam.flat is not None or len(copies) != len(adam.params):
             return None
         key = tuple((p.data_ptr(), c.data_ptr()) for p, c in zip(adam.params, copies))
@@ -64,6 +67,21 @@ class _NativeViews:
                 return None
             jobs.append((fixed[0], flat_g, *fixed[1:]))
         return jobs
+
+    def _flat_job(self, adam: "Adam") -> list | None:
+        """The one job over float32 CPU flat buffers (their views made once per address), or None."""
+        flat = adam.flat
+        if _optim is None or flat is None:
+            return None
+        tensors = (flat.data, flat.grad, adam.flat_exp_avg, adam.flat_exp_avg_sq)
+        key = tuple(t.data_ptr() for t in tensors)
+        if key != self.key:
+            ok = all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+            self.fixed = [(*(t.detach().numpy() for t in tensors), None)] if ok else None
+            self.key = key
+        if self.fixed is not None:
+            flat.check()
+        return self.fixed
 
     @staticmethod
     def _fixed(adam: "Adam", copies: list) -> list | None:
@@ -94,7 +112,6 @@ class Adam:
         self.flat = flat
         self._native = _NativeViews()
         self.native = native
-        self._flat_arrays: tuple | None = None  # (key, numpy views of the flat weights, gradient and moments)
         device = self.params[0].device
         self.fused = _fused_kernel_works(device)
         # one group, in torch.optim's layout: the learner sets group["lr"] for its schedule
@@ -140,34 +157,12 @@ class Adam:
         to round the new weights into. Where fastrl_ext._optim can take the whole step it does, in one
         pass per parameter that also writes those copies (the gradients are then left unscaled), and
         this returns True; otherwise torch steps and the copies are left as they were (False)."""
-        if bf16_copies is not None and self._native_step(grad_mul, bf16_copies):
-            return True
-        if bf16_copies is None and self._flat_native_step(grad_mul):
-            return False
+        if (bf16_copies is not None or self.native) and self._native_step(grad_mul, bf16_copies):
+            return bf16_copies is not None
         self._torch_step(grad_mul)
         return False
 
-    def _flat_native_step(self, grad_mul: torch.Tensor | None) -> bool:
-        """The update over float32 CPU flat buffers in one fastrl_ext._optim pass; False where it does not
-        apply (no flat buffer, another dtype or device, the extension not built or `native` off)."""
-        flat = self.flat
-        if not self.native or _optim is None or flat is None:
-            return False
-        tensors = (flat.data, flat.grad, self.flat_exp_avg, self.flat_exp_avg_sq)
-        key = tuple(t.data_ptr() for t in tensors)
-        if self._flat_arrays is None or self._flat_arrays[0] != key:
-            if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
-                return False
-            self._flat_arrays = (key, tuple(t.detach().numpy() for t in tensors))
-        flat.check()
-        group = self.param_groups[0]
-        beta1, beta2 = group["betas"]
-        self.flat_step += 1
-        _optim.adam_step(*self._flat_arrays[1], None, float(group["lr"]), beta1, beta2, float(group["eps"]),
-                         float(self.flat_step), 1.0 if grad_mul is None else float(grad_mul))
-        return True
-
-    def _native_step(self, grad_mul: torch.Tensor | None, bf16_copies: list) -> bool:
+    def _native_step(self, grad_mul: torch.Tensor | None, bf16_copies: list | None) -> bool:
         jobs = self._native.jobs(self, bf16_copies)
         if jobs is None:
             return False

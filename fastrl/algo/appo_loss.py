@@ -97,12 +97,18 @@ def appo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, entropy:
     if (native and _native is not None and cpu_floats_of_one_dtype(*args[:7]) and valid.is_cpu
             and not any(x.requires_grad for x in (old_log_probs, old_values, value_targets, advantages))):
         stats = torch.empty(6, dtype=torch.float64)
-        coefs = (float(clip_ratio), float(value_coef), float(entropy_coef),
-                 None if value_clip is None else float(value_clip), bool(normalize_adv))
+        coefs = native_coefs(clip_ratio, value_coef, entropy_coef, value_clip, normalize_adv)
         loss = _NativeLoss.apply(new_log_probs, entropy, new_values, args, coefs, stats)
         _, policy_loss, value_loss, mean_entropy, approx_kl, clip_fraction = stats.unbind()
         return LossOutput(loss, policy_loss, value_loss, mean_entropy, approx_kl, clip_fraction)
     return appo_loss_torch(*args, clip_ratio, value_coef, entropy_coef, value_clip, normalize_adv)
+
+
+def native_coefs(clip_ratio: float, value_coef: float, entropy_coef: float, value_clip: Optional[float],
+                 normalize_adv: bool) -> tuple:
+    """The loss's coefficients as fastrl_ext._appo_loss.appo_loss takes them, after its ten arrays."""
+    return (float(clip_ratio), float(value_coef), float(entropy_coef),
+            None if value_clip is None else float(value_clip), bool(normalize_adv))
 
 
 class _NativeLoss(torch.autograd.Function):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fastrl.algo.appo_loss import LossOutput
+from fastrl.algo.appo_loss import LossOutput, native_coefs
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
@@ -38,8 +38,8 @@ class NativeGradient:
     def __init__(self, model: ActorCritic, cfg: AlgoConfig, flat: FlatParams):
         self.model, self.cfg, self.flat = model, cfg, flat
         self.nets: NativeNets = model.native_nets
-        self.coefs = (float(cfg.clip_ratio), float(cfg.value_coef), float(cfg.entropy_coef),
-                      None if cfg.value_clip is None else float(cfg.value_clip), bool(cfg.normalize_advantages))
+        self.coefs = native_coefs(cfg.clip_ratio, cfg.value_coef, cfg.entropy_coef, cfg.value_clip,
+                                  cfg.normalize_advantages)
         self._grad_arrays: list[tuple] | None = None
         self._scratch: dict[tuple[int, int], _Scratch] = {}
 

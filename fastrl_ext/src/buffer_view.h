@@ -37,6 +37,17 @@ struct BufferView {
     Py_ssize_t items() const { return buf.itemsize > 0 ? buf.len / buf.itemsize : 0; }
 };
 
+// Holds `obj` as a float32 buffer in `v`; false with a TypeError set when it is not one (the MLP and
+// policy-head kernels take float32 only).
+inline bool float32_view(BufferView& v, PyObject* obj, bool writable, const char* caller, const char* name) {
+    if (!v.get(obj, writable, caller, name)) return false;
+    if (v.kind() != 'f') {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be float32", caller, name);
+        return false;
+    }
+    return true;
+}
+
 // The float dtype the views at `floats` share, 'f' (float32) or 'd' (float64); 0 with a TypeError set
 // when they differ or are neither.
 inline char shared_float_kind(const BufferView* views, std::initializer_list<int> floats, const char* caller) {

@@ -220,11 +220,7 @@ BackwardFn backward_fn = backward_default;
 // A float32 view of `obj` with `dims` dimensions of the given sizes (-1: any); false with an error set.
 bool float_view(View& v, PyObject* obj, bool writable, const char* caller, const char* name,
                 std::initializer_list<Py_ssize_t> dims) {
-    if (!v.get(obj, writable, caller, name)) return false;
-    if (v.kind() != 'f') {
-        PyErr_Format(PyExc_TypeError, "%s: %s must be float32", caller, name);
-        return false;
-    }
+    if (!fastrl_ext::float32_view(v, obj, writable, caller, name)) return false;
     if (v.buf.ndim != static_cast<int>(dims.size())) {
         PyErr_Format(PyExc_ValueError, "%s: %s must have %zd dimension(s), has %d", caller, name, dims.size(),
                      v.buf.ndim);

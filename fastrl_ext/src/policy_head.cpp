@@ -32,18 +32,9 @@ struct Head {
     const float* log_std = nullptr;  // null: categorical
 };
 
-bool float_view(View& v, PyObject* obj, bool writable, const char* caller, const char* name) {
-    if (!v.get(obj, writable, caller, name)) return false;
-    if (v.kind() != 'f') {
-        PyErr_Format(PyExc_TypeError, "%s: %s must be float32", caller, name);
-        return false;
-    }
-    return true;
-}
-
 // Fills `head` from (params, actions, log_std), the views held in v[0..2]; false with an error set.
 bool parse_head(Head& head, View* v, PyObject* params, PyObject* actions, PyObject* log_std, const char* caller) {
-    if (!float_view(v[0], params, false, caller, "params")) return false;
+    if (!fastrl_ext::float32_view(v[0], params, false, caller, "params")) return false;
     if (v[0].buf.ndim != 2) {
         PyErr_Format(PyExc_ValueError, "%s: params must be [rows, width]", caller);
         return false;
@@ -70,7 +61,7 @@ bool parse_head(Head& head, View* v, PyObject* params, PyObject* actions, PyObje
         PyErr_Format(PyExc_ValueError, "%s: Gaussian actions must be float32 [%zd, %zd]", caller, head.N, head.width);
         return false;
     }
-    if (!float_view(v[2], log_std, false, caller, "log_std")) return false;
+    if (!fastrl_ext::float32_view(v[2], log_std, false, caller, "log_std")) return false;
     if (v[2].items() != head.width) {
         PyErr_Format(PyExc_ValueError, "%s: log_std has %zd elements for %zd action dimensions", caller,
                      v[2].items(), head.width);
@@ -82,7 +73,7 @@ bool parse_head(Head& head, View* v, PyObject* params, PyObject* actions, PyObje
 
 // A float32 [rows] array written or read per row; false with an error set.
 bool row_view(View& v, PyObject* obj, bool writable, Py_ssize_t N, const char* caller, const char* name) {
-    if (!float_view(v, obj, writable, caller, name)) return false;
+    if (!fastrl_ext::float32_view(v, obj, writable, caller, name)) return false;
     if (v.items() != N) {
         PyErr_Format(PyExc_ValueError, "%s: %s has %zd elements for %zd rows", caller, name, v.items(), N);
         return false;

@@ -23,7 +23,7 @@ import torch
 
 from fastrl.algo.adam import Adam
 from fastrl.algo.bf16_copy import Bf16WorkingCopy
-from fastrl.algo.grad_clip import clip_grad_norm, clip_scale
+from fastrl.algo.grad_clip import clip_grad_norm, clip_scale_of
 from fastrl.config import load_config
 from fastrl.config.hardware import resolve_auto, with_precision
 from fastrl.envs import resolve_env
@@ -51,7 +51,7 @@ def step_ab(cfg, spec, pieces_count: int, rounds: int) -> None:
 
     def native_step(copy):
         sum_sq = copy.set_master_grads(pieces)
-        if adam.step(clip_scale(torch.tensor(sum_sq ** 0.5, dtype=torch.float32), max_norm), copy.params):
+        if adam.step(clip_scale_of(sum_sq ** 0.5, max_norm), copy.params):  # as the trainer does
             copy.written_by_step()
         copy.refresh()
 

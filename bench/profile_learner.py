@@ -75,11 +75,11 @@ def main() -> None:
         copy.set_master_grads = timed(spent, "grad_sum", copy.set_master_grads)
         copy.refresh = timed(spent, "refresh", copy.refresh)
     # the trainer looks these up in its module at call time
-    originals = {name: getattr(appo, name) for name in ("vtrace", "appo_loss", "clip_grad_norm", "clip_scale")}
+    originals = {name: getattr(appo, name) for name in ("vtrace", "appo_loss", "clip_grad_norm", "clip_scale_of")}
     appo.vtrace = timed(spent, "vtrace", originals["vtrace"])
     appo.appo_loss = timed(spent, "loss", originals["appo_loss"])
     appo.clip_grad_norm = timed(spent, "clip", originals["clip_grad_norm"])
-    appo.clip_scale = timed(spent, "clip", originals["clip_scale"])
+    appo.clip_scale_of = timed(spent, "clip", originals["clip_scale_of"])
     backward = torch.Tensor.backward
     torch.Tensor.backward = timed(spent, "backward", backward)
     # the native chain (algo.native_gradient) calls its pieces through its module's names: the layers'
@@ -88,7 +88,8 @@ def main() -> None:
                        for name in ("_mlp", "_policy_head", "_appo_loss", "vtrace")}
     mlp, head = chain_originals["_mlp"], chain_originals["_policy_head"]
     native_gradient._mlp = SimpleNamespace(forward=timed(spent, "forward", mlp.forward),
-                                           backward=timed(spent, "backward", mlp.backward))
+                                           backward=timed(spent, "backward", mlp.backward),
+                                           normalize=mlp.normalize)  # the inputs: in "other"
     native_gradient._policy_head = SimpleNamespace(forward=timed(spent, "log_prob", head.forward),
                                                    backward=timed(spent, "backward", head.backward))
     loss = chain_originals["_appo_loss"].appo_loss

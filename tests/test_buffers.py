@@ -117,6 +117,51 @@ def test_publish_writes_the_state_dict_in_order_and_follows_replaced_tensors():
         alloc.unlink_all()
 
 
+class _FlatNet(torch.nn.Module):
+    """A buffer first in the state_dict, then parameters that are views of one flat buffer, as the MLP
+    presets' learner model is laid out (the normaliser's statistics, then fastrl.algo.flat_params)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.arange(4.0))
+        self.body = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+
+
+def test_publish_copies_runs_of_adjacent_tensors_and_follows_moved_ones():
+    from fastrl.algo.flat_params import FlatParams
+
+    alloc = ShmAllocator()
+    try:
+        src = _FlatNet()
+        flat = FlatParams(list(src.parameters()))
+        weights = SharedWeights.allocate(alloc, src)
+        weights.publish(src, version=1)
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        assert len(weights._plan.copies) == 2  # the buffer, then the four parameters as one run
+        with torch.no_grad():
+            flat.data.add_(1.0)  # an optimizer step over the flat buffer
+        src.scale.mul_(3.0)
+        weights.publish(src, version=2)
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        src.body[0].bias.data = torch.full((6,), 7.0)  # moved out of the flat buffer: the run splits
+        src.scale = torch.full((4,), -2.0)
+        weights.publish(src, version=3)
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        assert len(weights._plan.copies) == 4
+        assert weights.version == 3
+        other = torch.randn(60)  # one storage, the layer's weight and bias 10 elements apart: two runs
+        src.body[0].weight.data, src.body[0].bias.data = other[:30].view(6, 5), other[40:46]
+        weights.publish(src, version=3)
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        src.body.to(torch.float64)  # not float32: written through torch.cat, cast
+        weights.publish(src, version=4)
+        assert weights._plan.copies is None
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src).float())
+        assert pickle.loads(pickle.dumps(weights))._plan is None
+    finally:
+        alloc.unlink_all()
+
+
 def _attach_in_child(header_only: SharedWeights, result):
     """A process spawned holding only the header, as an inference worker of a fresh run is."""
     import time

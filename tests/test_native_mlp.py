@@ -2,7 +2,8 @@
 (the same network with native_mlp off, same weights): outputs and every parameter's gradient on
 random inputs and losses, at row counts on both sides of the kernel's 8-row and 16-column blocks,
 for tanh and ReLU, Gaussian and categorical heads; an optimizer step of the APPO learner; the
-cases it must leave to torch; the raw kernel's argument checks; every compiled variant."""
+cases it must leave to torch; the raw kernel's argument checks; every compiled variant; and its
+observation normalisation against the normaliser's forward, bit for bit."""
 
 import copy
 from pathlib import Path
@@ -192,6 +193,31 @@ def test_the_kernel_rejects_what_it_cannot_read():
         k.backward(h, x, (w, b), (h,), (np.zeros_like(w), np.zeros(4, np.float32)), 0, None)
     with pytest.raises(ValueError, match="gx has"):
         k.backward(h, x, (w, b), (h,), (np.zeros_like(w), np.zeros_like(b)), 0, np.zeros((4, 4), np.float32))
+
+
+@needs_native
+@pytest.mark.parametrize("rows,features", [(1, 17), (264, 17), (37, 4)])
+def test_normalize_is_the_normalisers_forward_bit_for_bit(rows, features):
+    """The native gradient chain's input rows: fastrl.models.normalizer's forward, the same float32 ops."""
+    from fastrl.models.normalizer import ObsNormalizer
+
+    gen = torch.Generator().manual_seed(rows)
+    norm = ObsNormalizer((features,))
+    norm.update(torch.randn(500, features, generator=gen) * 3 + 1)
+    x = torch.randn(rows, features, generator=gen) * 40  # some rows far enough out to be clipped
+    x[0, 0] = float("nan")
+    expected = norm(x)
+    std = torch.sqrt(norm.var + norm.eps)
+    out = np.full((rows, features), 7.0, np.float32)
+    native_mlp._native.normalize(x.numpy(), norm.mean.numpy(), std.numpy(), float(norm.clip), out)
+    assert (out == expected.numpy()).sum() == rows * features - 1 and np.isnan(out[0, 0])
+    assert (np.abs(out[1:]) == norm.clip).any() or rows == 1
+    with pytest.raises(ValueError, match="mean has"):
+        native_mlp._native.normalize(x.numpy(), np.zeros(features + 1, np.float32), std.numpy(), 5.0, out)
+    with pytest.raises(ValueError, match="out has"):
+        native_mlp._native.normalize(x.numpy(), norm.mean.numpy(), std.numpy(), 5.0, out[:, :1].copy())
+    with pytest.raises(TypeError, match="float32"):
+        native_mlp._native.normalize(x.double().numpy(), norm.mean.numpy(), std.numpy(), 5.0, out)
 
 
 @needs_native

@@ -1,8 +1,9 @@
 """fastrl_ext._optim against its references: the bf16 gradient pieces summed into a float32 .grad
 must be torch's cast-copy and adds to the bit, for any piece count and length (the vector loop's tail
-included), and the sum of squares must be that .grad's; the Adam step must land where the paper's
-update (in float64) and torch's fused kernel land, to float32 rounding, and round the new weights
-into the bf16 copy as torch does; every compiled variant too."""
+included), and the sum of squares must be that .grad's (and sum_squares a float32 buffer's, in
+float64); the Adam step must land where the paper's update (in float64) and torch's fused kernel land,
+to float32 rounding, and round the new weights into the bf16 copy as torch does; every compiled
+variant too."""
 
 import math
 
@@ -48,6 +49,24 @@ def test_a_nan_or_inf_makes_the_sum_of_squares_non_finite():
         pieces[1][37] = bad
         dst = torch.empty(100)
         assert not math.isfinite(_optim.sum_pieces(dst.numpy(), [p.view(torch.int16).numpy() for p in pieces]))
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 1000, 9093])
+def test_sum_squares_is_the_float64_sum(n):
+    """The native gradient chain's clip norm: float32 values squared and summed in float64."""
+    gen = torch.Generator().manual_seed(n)
+    a = (torch.randn(n, generator=gen) * torch.exp(torch.randn(n, generator=gen) * 4)).numpy()
+    assert _optim.sum_squares(a) == pytest.approx(float(np.square(a.astype(np.float64)).sum()), rel=1e-13)
+    if n:
+        big = np.full(n, 3e30, np.float32)  # squares past float32's range: float64 holds them
+        assert _optim.sum_squares(big) == pytest.approx(n * 9e60, rel=1e-6)
+        for bad in (float("nan"), float("inf")):
+            a[n // 2] = bad
+            assert not math.isfinite(_optim.sum_squares(a))
+    with pytest.raises(TypeError, match="float32"):
+        _optim.sum_squares(np.zeros(4, np.float64))
+    with pytest.raises(TypeError, match="contiguous"):
+        _optim.sum_squares(np.zeros((4, 4), np.float32)[:, 1])
 
 
 def test_sum_refuses_what_it_cannot_fill():
@@ -150,4 +169,4 @@ def test_native_sum_falls_back_on_layouts_and_dtypes_it_does_not_take():
 @pytest.mark.parametrize("isa", ["avx2", "default"])
 def test_every_compiled_variant_matches_torch(isa):
     """This machine picks its widest variant; the others are checked in a subprocess that caps the pick."""
-    run_tests_under_isa(__file__, "_optim", isa, "sum_matches_torch or non_finite or adam_step_matches or specials")
+    run_tests_under_isa(__file__, "_optim", isa, "sum_matches_torch or non_finite or sum_squares or adam_step_matches or specials")

@@ -129,6 +129,8 @@ class Adam:
             self.exp_avgs = [self.flat_exp_avg[o:o + p.numel()].view_as(p) for p, o in self._offsets()]
             self.exp_avg_sqs = [self.flat_exp_avg_sq[o:o + p.numel()].view_as(p) for p, o in self._offsets()]
             self.flat_step = torch.zeros((), dtype=torch.float32, device=device)
+            # the native step's view of it (CPU only; load_state_dict fills the tensor in place)
+            self._flat_step_array = self.flat_step.numpy() if device.type == "cpu" else None
             self.steps = [self.flat_step] * len(self.params)
 
     def _offsets(self):
@@ -148,10 +150,10 @@ class Adam:
                 p.grad.zero_()
 
     @torch.no_grad()
-    def step(self, grad_mul: torch.Tensor | None = None, bf16_copies: list | None = None) -> bool:
-        """One update. `grad_mul` (a 0-dim tensor, at most 1: a clip's scale) multiplies the gradients
-        first; torch's fused kernel does it in place, as the divisor it calls grad_scale (the product
-        may differ from `g * grad_mul` in the last bit).
+    def step(self, grad_mul: torch.Tensor | float | None = None, bf16_copies: list | None = None) -> bool:
+        """One update. `grad_mul` (a 0-dim tensor or a float, at most 1: a clip's scale) multiplies the
+        gradients first; torch's fused kernel does it in place, as the divisor it calls grad_scale (the
+        product may differ from `g * grad_mul` in the last bit).
 
         `bf16_copies`: one bf16 tensor per parameter (a working copy's layers, fastrl.algo.bf16_copy)
         to round the new weights into. Where fastrl_ext._optim can take the whole step it does, in one
@@ -162,7 +164,7 @@ class Adam:
         self._torch_step(grad_mul)
         return False
 
-    def _native_step(self, grad_mul: torch.Tensor | None, bf16_copies: list | None) -> bool:
+    def _native_step(self, grad_mul: torch.Tensor | float | None, bf16_copies: list | None) -> bool:
         jobs = self._native.jobs(self, bf16_copies)
         if jobs is None:
             return False
@@ -170,13 +172,17 @@ class Adam:
         lr, eps = float(group["lr"]), float(group["eps"])
         beta1, beta2 = group["betas"]
         mul = 1.0 if grad_mul is None else float(grad_mul)
+        if self.flat is not None:  # one job, one shared counter: counted through its numpy view (~6 µs less)
+            self._flat_step_array += 1
+            _optim.adam_step(*jobs[0], lr, beta1, beta2, eps, float(self._flat_step_array), mul)
+            return True
         live = [(i, job) for i, job in enumerate(jobs) if job is not None]
         torch._foreach_add_([self.steps[i] for i, _ in live], 1)
         for i, (p, g, m, v, copy) in live:
             _optim.adam_step(p, g, m, v, copy, lr, beta1, beta2, eps, float(self.steps[i]), mul)
         return True
 
-    def _torch_step(self, grad_mul: torch.Tensor | None) -> None:
+    def _torch_step(self, grad_mul: torch.Tensor | float | None) -> None:
         group = self.param_groups[0]
         lr, eps = float(group["lr"]), float(group["eps"])
         beta1, beta2 = group["betas"]
@@ -196,7 +202,7 @@ class Adam:
         scaled = grad_mul is not None and float(grad_mul) != 1.0
         if self.fused:
             torch._foreach_add_(steps, 1)
-            divisor = torch.reciprocal(grad_mul.to(torch.float32)).reshape(()) if scaled else None
+            divisor = torch.reciprocal(torch.as_tensor(grad_mul, dtype=torch.float32)).reshape(()) if scaled else None
             torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=beta1,
                                beta2=beta2, weight_decay=0.0, eps=eps, maximize=False, grad_scale=divisor,
                                found_inf=None)

@@ -25,7 +25,7 @@ from fastrl.algo.adam import Adam
 from fastrl.algo.appo_loss import LossOutput, appo_loss, normalized_advantages
 from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.flat_params import FlatParams
-from fastrl.algo.grad_clip import clip_grad_norm, clip_scale
+from fastrl.algo.grad_clip import clip_grad_norm, clip_scale_of
 from fastrl.algo.native_gradient import NativeGradient
 from fastrl.algo.shards import ShardPool, even_cuts, ran_here
 from fastrl.algo.split_backward import WeightGradThread
@@ -49,6 +49,15 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
         return algo.lr
     horizon = algo.lr_decay_env_steps or train_for_env_steps
     return algo.lr * max(0.0, 1.0 - env_steps / horizon)
+
+
+def _minibatch_major(t: torch.Tensor, dim: int, minibatches: int, per_mb: int) -> torch.Tensor:
+    """`t`, gathered along `dim` in an epoch's order, as [minibatches, ...] with minibatch i's `per_mb`
+    entries of `dim` contiguous at [i]: a view for samples (dim 0), one copy for trajectories
+    ([T, M * b, ...] -> [M, T, b, ...])."""
+    if dim == 0:
+        return t.view(minibatches, per_mb, *t.shape[1:])
+    return t.unflatten(1, (minibatches, per_mb)).transpose(0, 1).contiguous()
 
 
 class APPOTrainer:
@@ -267,7 +276,7 @@ class APPOTrainer:
             tensors, dim = self._flat_samples_with_targets(batch), 0
             loss = self._sample_minibatch_loss
         else:
-            # only what the loss reads: each index is a gather over [T, B], ~10 us a key on the MLP presets
+            # only what the loss reads: each key is a gather over [T, B] (once an epoch, below)
             tensors, dim = {k: batch[k] for k in TRAJECTORY_LOSS_KEYS}, 1
             loss = self._trajectory_minibatch_loss
         n = tensors["actions"].shape[dim]
@@ -281,15 +290,20 @@ class APPOTrainer:
         obs_shape[dim] = per_mb
         obs_bufs = [all_obs.new_empty(obs_shape) for _ in range(buffers)]
 
-        def take(idx, buf):
-            mb = {k: v.index_select(dim, idx) for k, v in tensors.items()}
-            mb["obs"] = torch.index_select(all_obs, dim, idx, out=buf)
-            return mb
         yielded = 0
         for _ in range(cfg.num_epochs):
             order = torch.randperm(n, generator=self.generator)
+            # The other keys are gathered for the whole epoch at once, each minibatch's rows then one
+            # contiguous view: one gather per key and epoch instead of one per key and minibatch (7 x 8
+            # gathers of ~2.5 µs per epoch on HalfCheetah, whose optimizer step is ~450 µs)
+            taken = order[:cfg.num_minibatches * per_mb]
+            epoch = {k: _minibatch_major(v.index_select(dim, taken), dim, cfg.num_minibatches, per_mb).unbind()
+                     for k, v in tensors.items()}
             for i in range(cfg.num_minibatches):
-                yield take(order[i * per_mb:(i + 1) * per_mb], obs_bufs[yielded % buffers]), loss
+                mb = {k: pieces[i] for k, pieces in epoch.items()}
+                idx = order[i * per_mb:(i + 1) * per_mb]
+                mb["obs"] = torch.index_select(all_obs, dim, idx, out=obs_bufs[yielded % buffers])
+                yield mb, loss
                 yielded += 1
 
     def _gradient_groups(self, batch: dict):
@@ -375,13 +389,13 @@ class APPOTrainer:
             if self.grad_sum_sq is not None:
                 # the gradients' squares were summed with them (fastrl.algo.bf16_copy): Adam applies
                 # the clip's scale as it reads them, instead of the clip reading them twice more
-                grad_norm = torch.tensor(math.sqrt(self.grad_sum_sq), dtype=torch.float32)
-                grad_mul = clip_scale(grad_norm, cfg.max_grad_norm)
+                grad_norm = math.sqrt(self.grad_sum_sq)
+                grad_mul = clip_scale_of(grad_norm, cfg.max_grad_norm)
             else:
                 flat = self.flat is not None and self.flat.attached()  # not under another optimizer's zero_grad
                 grad_norm = clip_grad_norm(self.trained_params, cfg.max_grad_norm, self.flat.grad if flat else None)
             # as Python floats: torch.isfinite and its bool cost ~15 µs a tensor on the MLP presets' step
-            if not math.isfinite(float(out.loss.detach())) or not math.isfinite(float(grad_norm)):
+            if not math.isfinite(float(out.loss)) or not math.isfinite(float(grad_norm)):
                 skipped += 1  # a non-finite step would poison the weights; drop it
                 self.skipped_total += 1
                 self.skipped_in_row += 1
@@ -397,7 +411,7 @@ class APPOTrainer:
                 publish()
             steps += 1
             for name, value in out._asdict().items():
-                sums[name] = sums.get(name, 0.0) + float(value.detach())
+                sums[name] = sums.get(name, 0.0) + float(value)
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         if self.minibatches_run > run0:

@@ -21,12 +21,14 @@ from fastrl_ext import _appo_loss as _native
 
 
 class LossOutput(NamedTuple):
-    loss: torch.Tensor
-    policy_loss: torch.Tensor
-    value_loss: torch.Tensor
-    entropy: torch.Tensor
-    approx_kl: torch.Tensor
-    clip_fraction: torch.Tensor
+    """0-dim tensors (`loss` carries the graph), or Python floats from the native gradient chain
+    (fastrl.algo.native_gradient), which has no graph to carry: read them with float()."""
+    loss: torch.Tensor | float
+    policy_loss: torch.Tensor | float
+    value_loss: torch.Tensor | float
+    entropy: torch.Tensor | float
+    approx_kl: torch.Tensor | float
+    clip_fraction: torch.Tensor | float
 
 
 class _ValidMean:

@@ -18,6 +18,12 @@ def clip_scale(total: torch.Tensor, max_norm: float) -> torch.Tensor:
     return torch.clamp(max_norm / (total + 1e-6), max=1.0)
 
 
+def clip_scale_of(total: float, max_norm: float) -> float:
+    """clip_scale on a norm already read back as a Python float (a native sum of squares' square
+    root), in float64: three tensor ops would cost ~20 µs of the MLP presets' ~500 µs step."""
+    return min(max_norm / (total + 1e-6), 1.0)
+
+
 def clip_grad_norm(params, max_norm: float, flat_grad: torch.Tensor | None = None) -> torch.Tensor:
     """Scale the gradients of `params` in place so their global 2-norm is at most `max_norm`;
     return the norm before clipping (a 0-dim tensor; inf or nan when a gradient is). `flat_grad`:

@@ -10,6 +10,8 @@
 //
 //   forward(x, params, hs, act)                    hs[i] = act(hs[i-1] @ W_i^T + b_i), no act on the last
 //   backward(g, x, params, hs, grads, act, gx)     grads = (dW_1, db_1, ...) of sum(g * hs[-1]); gx = dx or None
+//   normalize(x, mean, std, clip, out)             out = clamp((x - mean) / std, -clip, clip): the input layer's
+//                                                  observation normaliser (fastrl.models.normalizer), bit for bit
 //
 // x [N, d0]; params (W_1, b_1, ..., W_L, b_L), W_i [d_i, d_{i-1}] as torch's nn.Linear holds it;
 // hs (H_1, ..., H_L), H_i [N, d_i], written by forward and read by backward; act 0 = tanh, 1 = relu.
@@ -327,6 +329,45 @@ PyObject* py_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
+// out = clamp((x - mean) / std, -clip, clip) per row: fastrl.models.normalizer's forward, the same float32
+// operations in the same order (bit for bit; a NaN stays NaN, as torch.clamp leaves it). For the native
+// gradient chain, where torch's five ops on each minibatch cost ~11 µs of HalfCheetah's step.
+void normalize_rows(const float* x, const float* mean, const float* std, float clip, float* out, Py_ssize_t rows,
+                    Py_ssize_t d) {
+    for (Py_ssize_t r = 0; r < rows; ++r) {
+        const float* xr = x + r * d;
+        float* o = out + r * d;
+        for (Py_ssize_t j = 0; j < d; ++j) {
+            const float v = (xr[j] - mean[j]) / std[j];
+            o[j] = v < -clip ? -clip : (v > clip ? clip : v);
+        }
+    }
+}
+
+PyObject* py_normalize(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    static const char* caller = "mlp.normalize";
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "normalize(x, mean, std, clip, out) takes 5 arguments");
+        return nullptr;
+    }
+    View x, mean, std, out;
+    if (!fastrl_ext::float32_view(x, args[0], false, caller, "x")) return nullptr;
+    if (x.buf.ndim != 2) {
+        PyErr_Format(PyExc_ValueError, "%s: x must be [rows, features]", caller);
+        return nullptr;
+    }
+    const Py_ssize_t rows = x.dim(0), d = x.dim(1);
+    if (!float_view(mean, args[1], false, caller, "mean", {d}) || !float_view(std, args[2], false, caller, "std", {d}) ||
+        !float_view(out, args[4], true, caller, "out", {rows, d}))
+        return nullptr;
+    const double clip = PyFloat_AsDouble(args[3]);
+    if (clip == -1.0 && PyErr_Occurred()) return nullptr;
+    normalize_rows(static_cast<const float*>(x.buf.buf), static_cast<const float*>(mean.buf.buf),
+                   static_cast<const float*>(std.buf.buf), static_cast<float>(clip), static_cast<float*>(out.buf.buf),
+                   rows, d);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_forward)), METH_FASTCALL,
      "forward(x, params, hs, act): hs[i] = act(hs[i-1] @ W_i.T + b_i), the last layer without act "
@@ -334,6 +375,9 @@ PyMethodDef methods[] = {
     {"backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_backward)), METH_FASTCALL,
      "backward(g, x, params, hs, grads, act, gx): the gradients of sum(g * hs[-1]) w.r.t. each W_i and b_i "
      "into grads = (dW_1, db_1, ...), and w.r.t. x into gx unless it is None; hs as forward left them."},
+    {"normalize", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_normalize)), METH_FASTCALL,
+     "normalize(x, mean, std, clip, out): out = clamp((x - mean) / std, -clip, clip), x and out [rows, d], "
+     "mean and std [d], float32: the observation normaliser's forward."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_mlp", "A small MLP's forward and backward for the learner (fastrl_ext).",

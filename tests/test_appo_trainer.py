@@ -165,3 +165,22 @@ def test_weights_are_published_after_every_publish_every_steps_optimizer_steps()
     for _ in range(2):
         trainer.train(copy.deepcopy(batch), publish=lambda: published.append(trainer.policy_version))
     assert trainer.policy_version == 16 and published == [3, 6, 9, 12, 15]
+
+
+def test_lag_statistics_count_only_valid_samples():
+    """train()'s policy-lag statistics against a direct reading of one small batch: invalid samples
+    (padding after a worker's error) are left out, lags past the histogram share its last bin."""
+    lag = torch.tensor([[0, 3, 3, 400], [7, 1, 0, 2]])
+    valid = torch.tensor([[True, True, False, True], [True, False, True, True]])
+    fresh = lag <= 5
+    stats = appo.lag_stats(lag, valid, fresh)
+    taken = [0, 3, 400, 7, 0, 2]
+    assert (stats["lag_min"], stats["lag_max"]) == (0.0, 400.0)
+    assert stats["lag_mean"] == sum(taken) / len(taken)
+    expected_hist = [0] * appo.LAG_HIST_BINS
+    for value in taken:
+        expected_hist[min(value, appo.LAG_HIST_BINS - 1)] += 1
+    assert stats["lag_hist"] == expected_hist
+    assert (stats["valid_samples"], stats["dropped_for_lag"], stats["samples"]) == (6, 2, 8)
+    empty = appo.lag_stats(lag, torch.zeros_like(valid), fresh)
+    assert (empty["lag_mean"], sum(empty["lag_hist"]), empty["valid_samples"]) == (0.0, 0, 0)

@@ -19,6 +19,7 @@ import itertools
 import math
 from typing import Callable
 
+import numpy as np
 import torch
 
 from fastrl.algo.adam import Adam
@@ -49,6 +50,23 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
         return algo.lr
     horizon = algo.lr_decay_env_steps or train_for_env_steps
     return algo.lr * max(0.0, 1.0 - env_steps / horizon)
+
+
+def lag_stats(lag: torch.Tensor, valid: torch.Tensor, fresh: torch.Tensor) -> dict:
+    """A batch's policy-lag statistics over its valid samples (`lag` in versions, `valid` and `fresh` bool
+    masks of its shape), and the counts of samples, valid ones and valid ones dropped for lag. In numpy:
+    CartPole's learner takes ~400 batches a second, and torch's dozen small ops cost ~35 µs a batch."""
+    lag_np, valid_np = lag.cpu().numpy().reshape(-1), valid.cpu().numpy().reshape(-1)
+    valid_lag = lag_np[valid_np]
+    if valid_lag.size:
+        low, mean, high = float(valid_lag.min()), float(valid_lag.mean()), float(valid_lag.max())
+        hist = np.bincount(np.clip(valid_lag, 0, LAG_HIST_BINS - 1), minlength=LAG_HIST_BINS).tolist()
+    else:
+        low = mean = high = 0.0
+        hist = [0] * LAG_HIST_BINS
+    return dict(lag_min=low, lag_mean=mean, lag_max=high, lag_hist=hist, valid_samples=int(valid_lag.size),
+                dropped_for_lag=int(np.count_nonzero(valid_np & ~fresh.cpu().numpy().reshape(-1))),
+                samples=int(valid_np.size))
 
 
 def _minibatch_major(t: torch.Tensor, dim: int, minibatches: int, per_mb: int) -> torch.Tensor:
@@ -368,7 +386,7 @@ class APPOTrainer:
         once `should_stop()` turns true: on a slow machine one batch can take a minute, and a
         stop that waited for it could run past the supervisor's patience and lose the final checkpoint."""
         cfg = self.cfg
-        lag = self.policy_version - batch["policy_version"]
+        lag = torch.rsub(batch["policy_version"], self.policy_version)  # without Tensor.__rsub__'s Python wrapper
         valid = batch["valid"].bool()
         fresh = lag <= self.max_policy_lag
         batch = dict(batch, train_mask=valid & fresh)
@@ -416,15 +434,7 @@ class APPOTrainer:
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         if self.minibatches_run > run0:
             stats["parallel_fraction"] = (self.minibatches_parallel - parallel0) / (self.minibatches_run - run0)
-        valid_lag = lag[valid]
-        stats.update(
-            sgd_steps=steps, skipped_steps=skipped,
-            lag_min=float(valid_lag.min()) if valid_lag.numel() else 0.0,
-            lag_mean=float(valid_lag.float().mean()) if valid_lag.numel() else 0.0,
-            lag_max=float(valid_lag.max()) if valid_lag.numel() else 0.0,
-            lag_hist=torch.bincount(valid_lag.clamp(0, LAG_HIST_BINS - 1).long(), minlength=LAG_HIST_BINS).tolist(),
-            dropped_for_lag=int((valid & ~fresh).sum()), valid_samples=int(valid.sum()),
-            samples=int(valid.numel()), lr=self.optimizer.param_groups[0]["lr"],
-        )
+        stats.update(sgd_steps=steps, skipped_steps=skipped, lr=self.optimizer.param_groups[0]["lr"],
+                     **lag_stats(lag, valid, fresh))
         return stats
 

@@ -52,6 +52,12 @@ def scheduled_lr(algo: AlgoConfig, env_steps: int, train_for_env_steps: int) -> 
     return algo.lr * max(0.0, 1.0 - env_steps / horizon)
 
 
+def _as_float(value: torch.Tensor | float) -> float:
+    """A LossOutput field as a Python float: the native chain's already is, the autograd path's is a
+    0-dim tensor (detached first: reading one that requires grad warns)."""
+    return value if isinstance(value, float) else float(value.detach())
+
+
 def lag_stats(lag: torch.Tensor, valid: torch.Tensor, fresh: torch.Tensor) -> dict:
     """A batch's policy-lag statistics over its valid samples (`lag` in versions, `valid` and `fresh` bool
     masks of its shape), and the counts of samples, valid ones and valid ones dropped for lag. In numpy:
@@ -413,7 +419,7 @@ class APPOTrainer:
                 flat = self.flat is not None and self.flat.attached()  # not under another optimizer's zero_grad
                 grad_norm = clip_grad_norm(self.trained_params, cfg.max_grad_norm, self.flat.grad if flat else None)
             # as Python floats: torch.isfinite and its bool cost ~15 µs a tensor on the MLP presets' step
-            if not math.isfinite(float(out.loss)) or not math.isfinite(float(grad_norm)):
+            if not math.isfinite(_as_float(out.loss)) or not math.isfinite(float(grad_norm)):
                 skipped += 1  # a non-finite step would poison the weights; drop it
                 self.skipped_total += 1
                 self.skipped_in_row += 1
@@ -429,7 +435,7 @@ class APPOTrainer:
                 publish()
             steps += 1
             for name, value in out._asdict().items():
-                sums[name] = sums.get(name, 0.0) + float(value)
+                sums[name] = sums.get(name, 0.0) + _as_float(value)
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         if self.minibatches_run > run0:

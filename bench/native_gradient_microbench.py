@@ -5,7 +5,9 @@
 
 Without --learner: microseconds per call of the policy's log-prob and entropy with their gradient
 (a weighted sum of both, backward) at the presets' minibatch rows, torch's formulas under autograd
-(ActorCritic.log_prob and entropy) against fastrl_ext._policy_head's forward and backward, 1 thread.
+(ActorCritic.log_prob and entropy) against fastrl_ext._policy_head's forward and backward, 1 thread;
+then the clip's sum of squares (numpy's float64 copy and dot against _optim.sum_squares) and the
+observation normaliser (ObsNormalizer's torch ops against _mlp.normalize) at HalfCheetah's sizes.
 With --learner: the preset's learner trained on `fastrl bench`'s synthetic batch, the native chain
 switched off (autograd through the same native layers, V-trace and loss) and on in alternate rounds;
 CPU milliseconds per batch (this thread's) and the ratio autograd/native of each pair of rounds (> 1:
@@ -21,7 +23,8 @@ from fastrl.bench.measure import alternated_us_per_call, microbench_main, switch
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
-from fastrl_ext import _mlp, _policy_head
+from fastrl.models.normalizer import ObsNormalizer
+from fastrl_ext import _mlp, _optim, _policy_head
 
 HEADS = {
     "CartPole, 2 logits": (EnvSpec("CartPole", "envpool", (4,), np.dtype(np.float32), True, 2), 512),
@@ -55,6 +58,33 @@ def microbench(rounds: int, seconds: float) -> None:
 
         us = alternated_us_per_call({"torch": autograd, "native": native}, rounds, seconds)
         print(f"{label + f' ({rows})':<36}{us['torch']:>10.1f}{us['native']:>8.1f}")
+    _around_the_chain(rounds, seconds)
+
+
+def _around_the_chain(rounds: int, seconds: float) -> None:
+    """The chain's pieces beside the layers, at HalfCheetah's sizes (9,093 weights, 260 rows of 17
+    features): the clip's float64 sum of squares and the observation normaliser, each against what it
+    replaced."""
+    grad = np.random.default_rng(0).standard_normal(9093).astype(np.float32)
+
+    def numpy_sum() -> float:
+        as64 = grad.astype(np.float64)
+        return float(np.dot(as64, as64))
+
+    us = alternated_us_per_call({"numpy": numpy_sum, "native": lambda: _optim.sum_squares(grad)}, rounds, seconds)
+    print(f"{'sum of squares, 9,093 floats':<36}{us['numpy']:>10.1f}{us['native']:>8.1f}   (numpy: astype + dot)")
+    torch.manual_seed(0)
+    norm = ObsNormalizer((17,))
+    norm.update(torch.randn(2048, 17) * 3)
+    obs = torch.randn(260, 17) * 5
+    out = np.empty((260, 17), np.float32)
+
+    def native_normalize() -> None:
+        std = np.sqrt(norm.var.numpy() + np.float32(norm.eps))
+        _mlp.normalize(obs.numpy(), norm.mean.numpy(), std, float(norm.clip), out)
+
+    us = alternated_us_per_call({"torch": lambda: norm(obs), "native": native_normalize}, rounds, seconds)
+    print(f"{'observation normaliser, 260 x 17':<36}{us['torch']:>10.1f}{us['native']:>8.1f}")
 
 
 def learner_ab(config: str, rounds: int, seconds: float) -> None:

@@ -58,10 +58,11 @@ def test_only_plain_views_are_flattened():
 
 
 @pytest.mark.parametrize("route", ["native", "fused kernel", "per-tensor"])
-@pytest.mark.parametrize("clip_scale", [None, 0.37])
+@pytest.mark.parametrize("clip_scale", [None, 0.37, torch.tensor(0.37)], ids=["no clip", "float", "tensor"])
 def test_flat_adam_takes_the_same_steps_as_per_tensor_adam(route, clip_scale):
     """The flat update (fastrl_ext._optim's one pass, or torch's kernels over the flat tensors) against the
-    per-parameter one; with a clip's scale, against a list whose gradients were scaled beforehand."""
+    per-parameter one; with a clip's scale (a float, as the trainer passes it, or a 0-dim tensor), against
+    a list whose gradients were scaled beforehand."""
     flat_params, list_params = _params(0), _params(0)
     flat = FlatParams(flat_params)
     flat_opt = Adam(flat_params, lr=1e-2, flat=flat, native=route == "native")
@@ -79,9 +80,9 @@ def test_flat_adam_takes_the_same_steps_as_per_tensor_adam(route, clip_scale):
         if clip_scale is None:
             flat_opt.step()
         else:
-            flat_opt.step(torch.tensor(clip_scale))
+            flat_opt.step(clip_scale)
             for p in list_params:
-                p.grad.mul_(clip_scale)
+                p.grad.mul_(float(clip_scale))
         list_opt.step()
     for a, b, p0 in zip(flat_params, list_params, _params(0)):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
@@ -100,6 +101,10 @@ def test_flat_adam_takes_the_same_steps_as_per_tensor_adam(route, clip_scale):
     back.load_state_dict(list_opt.state_dict())
     torch.testing.assert_close(back.flat_exp_avg, torch.cat([m.reshape(-1) for m in list_opt.exp_avgs]))
     assert float(back.flat_step) == 5.0
+    back.zero_grad()
+    _backward(back_params, 5)
+    back.step()  # the native step counts on from the loaded count (its numpy view of the step tensor)
+    assert float(back.flat_step) == 6.0
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 30.0])

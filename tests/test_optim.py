@@ -169,4 +169,5 @@ def test_native_sum_falls_back_on_layouts_and_dtypes_it_does_not_take():
 @pytest.mark.parametrize("isa", ["avx2", "default"])
 def test_every_compiled_variant_matches_torch(isa):
     """This machine picks its widest variant; the others are checked in a subprocess that caps the pick."""
-    run_tests_under_isa(__file__, "_optim", isa, "sum_matches_torch or non_finite or sum_squares or adam_step_matches or specials")
+    run_tests_under_isa(__file__, "_optim", isa,
+                        "sum_matches_torch or non_finite or sum_squares or adam_step_matches or specials")

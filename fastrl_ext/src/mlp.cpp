@@ -351,11 +351,7 @@ PyObject* py_normalize(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         return nullptr;
     }
     View x, mean, std, out;
-    if (!fastrl_ext::float32_view(x, args[0], false, caller, "x")) return nullptr;
-    if (x.buf.ndim != 2) {
-        PyErr_Format(PyExc_ValueError, "%s: x must be [rows, features]", caller);
-        return nullptr;
-    }
+    if (!float_view(x, args[0], false, caller, "x", {-1, -1})) return nullptr;  // [rows, features]
     const Py_ssize_t rows = x.dim(0), d = x.dim(1);
     if (!float_view(mean, args[1], false, caller, "mean", {d}) || !float_view(std, args[2], false, caller, "std", {d}) ||
         !float_view(out, args[4], true, caller, "out", {rows, d}))

@@ -37,11 +37,13 @@ every byte value before first use. Used by `fastrl.models.frames` for contiguous
 summed into the float32 `.grad` with the clip's sum of squares, and Adam with the clip's scale that
 also rounds the new weights into the copy, one pass each; torch's cast-copy and add, clip, fused Adam
 and refresh cast are the references (tests/test_optim.py, tests/test_bf16_copy.py). Used by
-`fastrl.algo.bf16_copy` and `fastrl.algo.adam`.
+`fastrl.algo.bf16_copy` and `fastrl.algo.adam`; its Adam pass alone steps the MLP presets' flat float32
+weights, and `sum_squares` gives the native gradient chain its clip norm (numpy's float64 sum the reference).
 
 `_mlp`: an fp32 MLP's layers (products, biases, tanh or ReLU) forward and backward in one call each,
 vectorised the same way; torch's layers and autograd are the reference (tests/test_native_mlp.py). Used
-by `fastrl.models.native_mlp` for the MLP presets' actor and critic (`model.native_mlp`).
+by `fastrl.models.native_mlp` for the MLP presets' actor and critic (`model.native_mlp`); its `normalize`
+is the observation normaliser's forward, bit for bit, for `fastrl.algo.native_gradient`.
 
 `_policy_head`: the categorical or Gaussian policy's log-probabilities and entropies, and their gradients,
 one call each; `ActorCritic.log_prob` and `entropy` through torch's autograd are the reference

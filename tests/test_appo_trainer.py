@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 import fastrl.algo.appo as appo
+import fastrl.algo.policy_lag as policy_lag
 from fastrl.algo.appo import APPOTrainer, scheduled_lr
 from fastrl.bench.components import synthetic_batch
 from fastrl.config import check_config, load_config
@@ -173,14 +174,14 @@ def test_lag_statistics_count_only_valid_samples():
     lag = torch.tensor([[0, 3, 3, 400], [7, 1, 0, 2]])
     valid = torch.tensor([[True, True, False, True], [True, False, True, True]])
     fresh = lag <= 5
-    stats = appo.lag_stats(lag, valid, fresh)
+    stats = policy_lag.lag_stats(lag, valid, fresh)
     taken = [0, 3, 400, 7, 0, 2]
     assert (stats["lag_min"], stats["lag_max"]) == (0.0, 400.0)
     assert stats["lag_mean"] == sum(taken) / len(taken)
-    expected_hist = [0] * appo.LAG_HIST_BINS
+    expected_hist = [0] * policy_lag.LAG_HIST_BINS
     for value in taken:
-        expected_hist[min(value, appo.LAG_HIST_BINS - 1)] += 1
+        expected_hist[min(value, policy_lag.LAG_HIST_BINS - 1)] += 1
     assert stats["lag_hist"] == expected_hist
     assert (stats["valid_samples"], stats["dropped_for_lag"], stats["samples"]) == (6, 2, 8)
-    empty = appo.lag_stats(lag, torch.zeros_like(valid), fresh)
+    empty = policy_lag.lag_stats(lag, torch.zeros_like(valid), fresh)
     assert (empty["lag_mean"], sum(empty["lag_hist"]), empty["valid_samples"]) == (0.0, 0, 0)

@@ -19,7 +19,6 @@ import itertools
 import math
 from typing import Callable
 
-import numpy as np
 import torch
 
 from fastrl.algo.adam import Adam
@@ -28,13 +27,13 @@ from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm, clip_scale_of
 from fastrl.algo.native_gradient import NativeGradient
+from fastrl.algo.policy_lag import lag_stats
 from fastrl.algo.shards import ShardPool, even_cuts, ran_here
 from fastrl.algo.split_backward import WeightGradThread
 from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
 from fastrl.models import ActorCritic
 
-LAG_HIST_BINS = 256  # policy lags >= this many versions share the last bin of the histogram
 # The no-grad forward over a whole batch runs in chunks of about this many bytes of observations.
 # On the Pong preset (1,056 frames of 28 KB) one pass took 190 ms and chunks of 132-264 frames
 # 137-140 ms: a chunk's activations stay in cache instead of ~100 MB of freshly mapped pages.
@@ -56,23 +55,6 @@ def _as_float(value: torch.Tensor | float) -> float:
     """A LossOutput field as a Python float: the native chain's already is, the autograd path's is a
     0-dim tensor (detached first: reading one that requires grad warns)."""
     return value if isinstance(value, float) else float(value.detach())
-
-
-def lag_stats(lag: torch.Tensor, valid: torch.Tensor, fresh: torch.Tensor) -> dict:
-    """A batch's policy-lag statistics over its valid samples (`lag` in versions, `valid` and `fresh` bool
-    masks of its shape), and the counts of samples, valid ones and valid ones dropped for lag. In numpy:
-    CartPole's learner takes ~400 batches a second, and torch's dozen small ops cost ~35 µs a batch."""
-    lag_np, valid_np = lag.cpu().numpy().reshape(-1), valid.cpu().numpy().reshape(-1)
-    valid_lag = lag_np[valid_np]
-    if valid_lag.size:
-        low, mean, high = float(valid_lag.min()), float(valid_lag.mean()), float(valid_lag.max())
-        hist = np.bincount(np.clip(valid_lag, 0, LAG_HIST_BINS - 1), minlength=LAG_HIST_BINS).tolist()
-    else:
-        low = mean = high = 0.0
-        hist = [0] * LAG_HIST_BINS
-    return dict(lag_min=low, lag_mean=mean, lag_max=high, lag_hist=hist, valid_samples=int(valid_lag.size),
-                dropped_for_lag=int(np.count_nonzero(valid_np & ~fresh.cpu().numpy().reshape(-1))),
-                samples=int(valid_np.size))
 
 
 def _minibatch_major(t: torch.Tensor, dim: int, minibatches: int, per_mb: int) -> torch.Tensor:

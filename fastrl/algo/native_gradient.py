@@ -40,8 +40,7 @@ class NativeGradient:
         self.nets: NativeNets = model.native_nets
         self.coefs = native_coefs(cfg.clip_ratio, cfg.value_coef, cfg.entropy_coef, cfg.value_clip,
                                   cfg.normalize_advantages)
-        self._grad_arrays: list[tuple] | None = None
-        self._flat_grad_array: np.ndarray | None = None
+        self._grad_arrays: tuple[np.ndarray, list[tuple]] | None = None
         self._scratch: dict[tuple[int, int], _Scratch] = {}
 
     @staticmethod
@@ -58,18 +57,13 @@ class NativeGradient:
         the gradients still the flat buffer's views, the weights float32 on the CPU."""
         return self.model.native_nets is self.nets and self.flat.attached() and self.nets.param_arrays() is not None
 
-    def _grads(self) -> list[tuple]:
-        """Per net, its parameters' gradients as numpy views, where the C++ backward writes them: views of the
-        flat gradient, which keeps its memory while attached (`ready`), so made once."""
+    def _grads(self) -> tuple[np.ndarray, list[tuple]]:
+        """The flat gradient, and per net its parameters' gradients (where the C++ backward writes them), as
+        numpy views: all of the flat gradient's memory, which it keeps while attached (`ready`), so made once."""
         if self._grad_arrays is None:
-            self._grad_arrays = [tuple(p.grad.numpy() for p in params) for params in self.nets.params]
+            self._grad_arrays = (self.flat.grad.numpy(),
+                                 [tuple(p.grad.numpy() for p in params) for params in self.nets.params])
         return self._grad_arrays
-
-    def _flat_grad(self) -> np.ndarray:
-        """The flat gradient as a numpy view, made once: its memory stays while attached (`ready`)."""
-        if self._flat_grad_array is None:
-            self._flat_grad_array = self.flat.grad.numpy()
-        return self._flat_grad_array
 
     def _scratch_for(self, rows: int, n: int) -> "_Scratch":
         """Buffers for a minibatch of `rows` inputs of which the loss reads `n`, made once per shape: one
@@ -131,7 +125,8 @@ class NativeGradient:
                              valid, scratch.loss_grads, scratch.stats, *self.coefs)
         g_lp, g_ent, g_v = scratch.loss_grads
 
-        (actor_grads, critic_grads), log_std_grad = self._grads(), None
+        flat_grad, (actor_grads, critic_grads) = self._grads()
+        log_std_grad = None
         if log_std is not None:
             log_std_grad = self.model.log_std.grad.numpy()
         _policy_head.backward(policy_params, actions, log_std, g_lp, g_ent, scratch.g_params[:n], log_std_grad)
@@ -139,7 +134,7 @@ class NativeGradient:
         _mlp.backward(scratch.g_params, x, actor, actor_hs, actor_grads, actor_act, None)
         _mlp.backward(scratch.g_values, x, critic, critic_hs, critic_grads, critic_act, None)
         # summed in float64 (no overflow to a false inf) without a float64 copy of the gradient (~20 µs)
-        grad_sum_sq = _optim.sum_squares(self._flat_grad())
+        grad_sum_sq = _optim.sum_squares(flat_grad)
         # the statistics as Python floats: the trainer reads them as floats, and 0-dim tensors cost ~1 µs each
         return LossOutput(*scratch.stats.tolist()), grad_sum_sq
 

@@ -230,12 +230,13 @@ class RolloutWorker:
         if t == self.T:
             new_slot, self.next_slot[split] = self.next_slot[split], -1
             self.obs[new_slot, 0] = self.obs[slot, t]
-            # give up ownership before handing over: dying in between loses one slot, never trains one twice
+            # give up ownership and count the steps before handing over: a worker killed in between loses
+            # one counted slot, but never has a slot trained twice or trained without being counted
             self.control.slot_owner.array[slot] = NO_OWNER
+            self.control.env_steps.array[self.index] += self.T * self.num_envs
             self.full_ring.push(slot)
             self.slots_handed_over += 1
             self.slot[split], t = new_slot, 0
-            self.control.env_steps.array[self.index] += self.T * self.num_envs
             scores, lengths = self.recorder.take_finished()
             if scores:
                 put_report(self.reports, {"kind": "episodes", "scores": scores, "lengths": lengths})

@@ -132,3 +132,12 @@ def test_native_paths_without_a_built_fastrl_ext_are_a_config_error(monkeypatch)
         assert f"{switch}=false" in problems
     cfg.system.native_rings, cfg.algo.native_vtrace, cfg.algo.native_loss = False, False, False
     assert check_config(cfg) == []
+
+
+def test_pinning_always_with_inference_workers_is_a_config_error():
+    """A pinned worker waiting for an inference process's actions would idle its core; auto just leaves it alone."""
+    preset = str(Path(__file__).resolve().parent.parent / "configs/cartpole.yaml")
+    cfg = load_config([preset], ["system.rollout_pinning=always", "sampler.num_inference_workers=1"])
+    assert any("system.rollout_pinning=always" in p and "num_inference_workers=0" in p for p in check_config(cfg))
+    for ok in (["system.rollout_pinning=auto", "sampler.num_inference_workers=1"], ["system.rollout_pinning=always"]):
+        assert check_config(load_config([preset], ok)) == []

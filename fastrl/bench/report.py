@@ -185,7 +185,9 @@ def format_table(result: dict) -> str:
                      f" (all its threads on {st['learner_parallel_fraction']:.0%} of its minibatches)") + "; "
                   f"inference batch {st['inference_mean_batch']:.0f}; policy lag p50/p95/max "
                   f"{lag['p50']}/{lag['p95']}/{lag['max']}; dropped for lag {st['samples_dropped_for_lag']:,}",
-                  f"  per process (CPU %, PSS): {procs}",
+                  f"  per process (CPU %, PSS): {procs}"
+                  + ("" if st.get("rollout_pinned_fraction") is None else
+                     f"; rollout workers pinned {st['rollout_pinned_fraction']:.0%} of the time"),
                   f"  peak total PSS {st['peak_total_pss_mib']:,.0f} MiB (summed RSS {st['peak_total_rss_mib']:,.0f} MiB); "
                   f"first sample {st['time_to_first_sample_s']:.1f} s"
                   + ("" if st.get("time_to_first_batch_s") is None else

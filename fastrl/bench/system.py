@@ -59,8 +59,9 @@ class SystemProbe:
         self.last_memory = 0.0
         self.done = False
 
-    def _snapshot(self, stats: RunStats, control: SharedControl) -> dict:
+    def _snapshot(self, runner: Runner, stats: RunStats, control: SharedControl) -> dict:
         return {"t": time.monotonic(), "env_steps": stats.env_steps, "wait_s": control.wait_s.array.copy(),
+                "pinned_s": None if runner.placement is None else runner.placement.pinned_s,
                 "inference": control.inference_counts.array.copy(), "lag_hist": stats.lag_hist.copy(),
                 "dropped": stats.dropped_for_lag,
                 "minibatches": np.array([stats.learner.get("minibatches", 0), stats.learner.get("parallel_minibatches", 0)]),
@@ -91,7 +92,7 @@ class SystemProbe:
                 self.progress(0.0, f"{self.label}: warming up")
                 return
             self.t0 = now
-            self.start = self._snapshot(stats, control)
+            self.start = self._snapshot(runner, stats, control)
             # every process the run has when the window opens: the learner is spawned at the first sample
             for name, p in runner.procs.items():
                 self.sampler.add(name, p.pid)
@@ -106,7 +107,7 @@ class SystemProbe:
         if self.prune is not None and elapsed >= self.seconds / 2 and self.prune(elapsed, rate):
             self.pruned = True
         if elapsed >= self.seconds or self.pruned:
-            self.end = self._snapshot(stats, control)
+            self.end = self._snapshot(runner, stats, control)
             self.sampler.stop()
             self.sampler.sample_memory()
             self.done = True
@@ -157,6 +158,9 @@ class SystemProbe:
             "peak_total_pss_mib": round(self.sampler.peak_total_pss_bytes / 2**20, 1),
             "time_to_first_sample_s": round(self.first_sample_s, 2),
             "time_to_first_batch_s": None if self.first_train_s is None else round(self.first_train_s, 2),
+            # system.rollout_pinning: the share of the window the rollout workers were pinned (None: never set)
+            "rollout_pinned_fraction": None if self.start["pinned_s"] is None
+            else round(min(1.0, (self.end["pinned_s"] - self.start["pinned_s"]) / span), 4),
             "measured_s": round(span, 1), "pruned": self.pruned,
         }
 

@@ -99,6 +99,10 @@ def check_config(cfg: Config) -> list[str]:
             problems.append(f"{key} must be >= 0, got {value}")
     if r.train_for_seconds is not None and r.train_for_seconds <= 0:
         problems.append(f"run.train_for_seconds must be > 0 or null, got {r.train_for_seconds}")
+    if sysc.rollout_pinning == "always" and not rollout_workers_act(cfg):
+        problems.append(f"system.rollout_pinning=always keeps each rollout worker on one core, whose time it would "
+                        f"idle waiting for an inference process's actions: set sampler.num_inference_workers=0, "
+                        f"or rollout_pinning to auto or never (got num_inference_workers={s.num_inference_workers})")
     if sysc.native_rings and fastrl_ext._rings is None:
         problems.append(f"system.native_rings=true but fastrl_ext is not built ({fastrl_ext.BUILD_ERROR}): "
                         "reinstall with a C++ compiler (pip install -e .), or set system.native_rings=false")

@@ -24,10 +24,12 @@ from fastrl.envs import EnvSpec
 from fastrl.ipc import Channels
 from fastrl.ipc.channels import REPORT_POLL_S
 from fastrl.rundir import load_checkpoint, write_json
+from fastrl.host import usable_cpus
+from fastrl.runner.placement import RolloutPlacement
 from fastrl.runner.stats import RunStats
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.warm_start import WarmChildren
-from fastrl.workers.process import WorkerContext, num_processes, setup_logging
+from fastrl.workers.process import WorkerContext, heartbeat_index, num_processes, setup_logging
 
 if TYPE_CHECKING:
     from fastrl.models import ActorCritic
@@ -50,6 +52,7 @@ class Runner:
         self.failure: str | None = None
         self.interrupts = 0
         self.supervisor: Supervisor | None = None  # the child processes (None in serial mode)
+        self.placement: RolloutPlacement | None = None  # the rollout workers' pinning (system.rollout_pinning)
         self.alloc = ShmAllocator()
         self.ctx: WorkerContext | None = None  # grows: the weights' data block joins it once the network exists
         self.writer = None  # TensorBoard; made at the first sample (tensorboard_writer)
@@ -200,6 +203,17 @@ class Runner:
             self.writer = tensorboard_writer(self.run_dir)
         return self.writer
 
+    def _placement(self) -> RolloutPlacement | None:
+        """The rollout workers' pinning (system.rollout_pinning), for a run with worker processes."""
+        mode = self.cfg.system.rollout_pinning
+        if mode == "never" or self.supervisor is None:
+            return None
+        wait_s = self.ctx.control.wait_s.array
+        learner = heartbeat_index(self.cfg, "learner", 0)
+        return RolloutPlacement(mode, self.cfg.sampler.num_rollout_workers, rollout_workers_act(self.cfg), usable_cpus(),
+                                lambda: float(wait_s[learner]), self.supervisor.rollout_pids, self.log,
+                                time.monotonic())
+
     def run(self) -> int:
         cfg = self.cfg
         removed = remove_stale_segments()
@@ -215,6 +229,7 @@ class Runner:
             if not cfg.system.serial:
                 self.supervisor = Supervisor(cfg, self.ctx, self.log, self.say, warm=self.warm)
             self._start_processes()
+            self.placement = placement = self._placement()
             base_env_steps, control, channels = self.ctx.base_env_steps, self.ctx.control, self.ctx.channels
             stats = RunStats(self.spec.frames_per_env_step, base_env_steps, start_time=spawned_at)
             if cfg.system.serial:
@@ -230,6 +245,8 @@ class Runner:
                 else:
                     self._handle_reports(channels, stats, REPORT_POLL_S)
                     self.failure = self.failure or self.supervisor.check()
+                    if placement is not None:
+                        placement.update(time.monotonic())
                 had_samples = stats.first_sample_s is not None
                 stats.on_env_steps(base_env_steps + control.total_env_steps())
                 if not had_samples and stats.first_sample_s is not None:
@@ -261,7 +278,8 @@ class Runner:
                            env_steps_lost_in_worker_faults=0 if self.supervisor is None else self.supervisor.lost_env_steps,
                            nonfinite_transitions_masked=int(control.nonfinite.array.sum()),
                            # this run's (not a resumed one's earlier) env steps, by rollout worker index
-                           env_steps_by_rollout_worker=[int(n) for n in control.env_steps.array])
+                           env_steps_by_rollout_worker=[int(n) for n in control.env_steps.array],
+                           rollout_pinned_fraction=None if placement is None else round(placement.pinned_fraction(), 3))
             write_json(self.run_dir / "summary.json", summary)
             self._report(stats, control, echo=False)
             self.say(format_summary(summary, self.run_dir))

@@ -79,6 +79,11 @@ class Supervisor:
     def procs(self) -> dict[str, mp.Process]:
         return {name: c.process for name, c in self.children.items()}
 
+    def rollout_pids(self) -> dict[int, int]:
+        """The live rollout workers' pids by worker index (fastrl.runner.placement)."""
+        return {c.index: c.process.pid for c in self.children.values()
+                if c.role == "rollout" and c.process.pid is not None and c.process.is_alive()}
+
     def _start(self, role: str, index: int) -> None:
         name = process_name(role, index)
         hb = heartbeat_index(self.cfg, role, index)

@@ -73,6 +73,8 @@ class RolloutPlacement:
     def __init__(self, mode: str, num_workers: int, workers_act: bool, cpus: list[int], wait_s: Callable[[], float],
                  pids: Callable[[], dict[int, int]], log: logging.Logger, now: float,
                  apply: Callable[[int, set[int]], int] = set_thread_affinity):
+        if mode not in ("auto", "always"):
+            raise ValueError(f"rollout pinning mode {mode!r}: a placement is made for auto or always only")
         self.mode, self.cpus, self.wait_s, self.pids, self.log = mode, list(cpus), wait_s, pids, log
         self.apply = apply
         self.targets = worker_cpus(num_workers, self.cpus)
@@ -89,8 +91,6 @@ class RolloutPlacement:
     def _want(self, now: float) -> bool:
         if self.mode == "always":
             return True
-        if self.mode != "auto" or self.blocked:
-            return False
         elapsed = now - self.window_start
         if elapsed < WINDOW_S:
             return self.pinned

@@ -21,10 +21,10 @@ from fastrl.buffers.weights import state_layout
 from fastrl.config.checks import envs_per_split, num_traj_buffers, rollout_workers_act
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
+from fastrl.host import usable_cpus
 from fastrl.ipc import Channels
 from fastrl.ipc.channels import REPORT_POLL_S
 from fastrl.rundir import load_checkpoint, write_json
-from fastrl.host import usable_cpus
 from fastrl.runner.placement import RolloutPlacement
 from fastrl.runner.stats import RunStats
 from fastrl.runner.supervisor import Supervisor
@@ -229,7 +229,7 @@ class Runner:
             if not cfg.system.serial:
                 self.supervisor = Supervisor(cfg, self.ctx, self.log, self.say, warm=self.warm)
             self._start_processes()
-            self.placement = placement = self._placement()
+            self.placement = self._placement()
             base_env_steps, control, channels = self.ctx.base_env_steps, self.ctx.control, self.ctx.channels
             stats = RunStats(self.spec.frames_per_env_step, base_env_steps, start_time=spawned_at)
             if cfg.system.serial:
@@ -245,8 +245,8 @@ class Runner:
                 else:
                     self._handle_reports(channels, stats, REPORT_POLL_S)
                     self.failure = self.failure or self.supervisor.check()
-                    if placement is not None:
-                        placement.update(time.monotonic())
+                    if self.placement is not None:
+                        self.placement.update(time.monotonic())
                 had_samples = stats.first_sample_s is not None
                 stats.on_env_steps(base_env_steps + control.total_env_steps())
                 if not had_samples and stats.first_sample_s is not None:
@@ -279,7 +279,8 @@ class Runner:
                            nonfinite_transitions_masked=int(control.nonfinite.array.sum()),
                            # this run's (not a resumed one's earlier) env steps, by rollout worker index
                            env_steps_by_rollout_worker=[int(n) for n in control.env_steps.array],
-                           rollout_pinned_fraction=None if placement is None else round(placement.pinned_fraction(), 3))
+                           rollout_pinned_fraction=None if self.placement is None
+                           else round(self.placement.pinned_fraction(), 3))
             write_json(self.run_dir / "summary.json", summary)
             self._report(stats, control, echo=False)
             self.say(format_summary(summary, self.run_dir))

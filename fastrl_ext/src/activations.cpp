@@ -53,11 +53,7 @@ GradFn grad_fn = grad_default;
 bool float32_views(View* views, PyObject* const* args, const char* const* names, int count, const char* caller,
                    Py_ssize_t* n) {
     for (int k = 0; k < count; ++k) {
-        if (!views[k].get(args[k], k == count - 1, caller, names[k])) return false;
-        if (views[k].kind() != 'f') {
-            PyErr_Format(PyExc_TypeError, "%s: %s must be float32", caller, names[k]);
-            return false;
-        }
+        if (!fastrl_ext::float32_view(views[k], args[k], k == count - 1, caller, names[k])) return false;
         if (k > 0 && views[k].items() != views[0].items()) {
             PyErr_Format(PyExc_ValueError, "%s: %s has %zd items, %s has %zd", caller, names[k], views[k].items(),
                          names[0], views[0].items());

@@ -141,11 +141,7 @@ PyObject* py_sum_pieces(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         return nullptr;
     }
     View dst;
-    if (!dst.get(args[0], true, "sum_pieces", "dst")) return nullptr;
-    if (dst.kind() != 'f' || dst.buf.itemsize != 4) {
-        PyErr_SetString(PyExc_TypeError, "sum_pieces: dst must be float32");
-        return nullptr;
-    }
+    if (!fastrl_ext::float32_view(dst, args[0], true, "sum_pieces", "dst")) return nullptr;
     PyObject* seq = PySequence_Fast(args[1], "sum_pieces: pieces must be a sequence");
     if (seq == nullptr) return nullptr;
     const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);

@@ -18,7 +18,8 @@ tests/test_reward_scaling.py check they write the same bytes). `system.native_re
 
 `_acting`: a small MLP policy's acting forward and action sampling in one call, for rollout workers
 that act themselves; `fastrl.models.numpy_policy.NumpyPolicy` is the reference (tests/test_numpy_policy.py
-holds them together). `system.native_acting` picks.
+holds them together). Its categorical draw alone (`sample_categorical`) takes an inference worker's torch
+logits straight into the slot cells (tests/test_categorical_draw.py). `system.native_acting` picks.
 
 `_activations`: tanh and its gradient for the learner's MLPs, vectorised for AVX-512 and AVX2 (torch's
 CPU tanh is scalar, numpy's vectorised only on AVX-512); `torch.tanh` is the reference

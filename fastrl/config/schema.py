@@ -239,7 +239,9 @@ class SystemConfig:
     native_acting: bool = opt(
         True, "Rollout workers that act with a small MLP in numpy (sampler.acting_backend) run its forward and "
         "action sampling in one fastrl_ext (C++) call; false uses the numpy reference (~25 numpy calls per "
-        "forward of a 2x64 MLP). Both draw the same random numbers.")
+        "forward of a 2x64 MLP). Both draw the same random numbers. Also: a torch policy on the CPU with "
+        "categorical actions (an inference worker's CNN) has its actions drawn by fastrl_ext straight into "
+        "the slot cells instead of by torch's log_softmax, multinomial and gather.")
     native_rollout_loop: bool = opt(
         True, "Rollout workers that act with the native kernel and record natively run the env steps between "
         "two slot boundaries in one fastrl_ext (C++) call, handing back to Python whenever the learner has "

@@ -30,6 +30,16 @@ from fastrl.workers.process import WorkerContext
 PACK_AFTER_FORWARDS = 3
 
 
+def native_categorical_draw(cfg, spec):
+    """fastrl_ext's `sample_categorical` where a torch policy's actions can be drawn by it (categorical,
+    on the CPU, system.native_acting, the extension built), else None: torch's sample draws them."""
+    if not (spec.discrete and cfg.system.device == "cpu" and cfg.system.native_acting):
+        return None
+    import fastrl_ext
+
+    return fastrl_ext._acting.sample_categorical if fastrl_ext._acting is not None else None
+
+
 class TorchForward:
     def __init__(self, ctx: WorkerContext, seed: int):
         import torch
@@ -54,6 +64,11 @@ class TorchForward:
         self.forwards_on_version = 0
         self.obs_shape, self.batch_hint = ctx.spec.obs_shape, inference_batch_size(ctx.cfg)
         torch.manual_seed(seed)  # action sampling: reproducible in serial mode
+        # categorical actions on the CPU are drawn by fastrl_ext straight into the slot cells (act_into):
+        # torch's log_softmax, multinomial and gather cost ~30 us a call warm and ~120 in a Pong
+        # inference worker, for 16 draws of 6 actions
+        self.sample_categorical = native_categorical_draw(ctx.cfg, ctx.spec)
+        self.rng = np.random.default_rng(seed)
 
     def read(self, weights) -> int | None:
         if not self.attached:
@@ -110,6 +125,26 @@ class TorchForward:
             actions, log_probs = self.model.sample(params)
         return actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
 
+    def act_into(self, obs: np.ndarray, targets: list) -> bool:
+        """The forward, then the native categorical draw written straight into each target's cells
+        ((actions, log_probs, values) views taking consecutive rows of `obs`, in order); False, with
+        nothing run, where only __call__ can (Gaussian actions, a GPU, the extension not built)."""
+        if self.sample_categorical is None:
+            return False
+        torch = self.torch
+        net = self._net()
+        with torch.inference_mode():
+            params, values = net(torch.from_numpy(obs))
+        logits, values = np.ascontiguousarray(params.numpy()), values.numpy()
+        uniforms = self.rng.random(obs.shape[0], dtype=np.float32)
+        offset = 0
+        for actions, log_probs, value_cells in targets:
+            n = actions.shape[0]
+            self.sample_categorical(logits[offset:offset + n], uniforms[offset:offset + n], actions, log_probs)
+            value_cells[:] = values[offset:offset + n]
+            offset += n
+        return True
+
 
 class NumpyForward:
     def __init__(self, ctx: WorkerContext, seed: int):
@@ -129,9 +164,12 @@ class NumpyForward:
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.policy.act(obs, self.rng)
 
-    def into(self, obs: np.ndarray, actions: np.ndarray, log_probs: np.ndarray, values: np.ndarray) -> bool:
-        """The forward, written straight into these slot cells where the native kernel can (see act_into)."""
-        return self.policy.act_into(obs, self.rng, actions, log_probs, values)
+    def act_into(self, obs: np.ndarray, targets: list) -> bool:
+        """The forward, written straight into one group's slot cells where the native kernel can (see
+        NumpyPolicy.act_into); False, with nothing drawn, for several groups or where only __call__ can."""
+        if len(targets) != 1:
+            return False
+        return self.policy.act_into(obs, self.rng, *targets[0])
 
 
 class PolicyActor:
@@ -166,15 +204,15 @@ class PolicyActor:
     def act(self, cells: list) -> int:
         """Fill actions, log-probs, values and versions at each (slot, t) in `cells`; returns samples."""
         self.refresh_weights()
-        if len(cells) == 1 and isinstance(self.forward, NumpyForward):
-            slot, t = cells[0]
-            obs = self.obs[slot, t]
-            # a rollout worker's one group: written in place, no intermediate arrays to copy back
-            if self.forward.into(obs, self.actions[slot, t], self.log_probs[slot, t], self.values[slot, t]):
-                self.policy_version[slot, t] = self.version
-                return obs.shape[0]
         views = [self.obs[slot, t] for slot, t in cells]
-        actions, log_probs, values = self.forward(views[0] if len(views) == 1 else np.concatenate(views))
+        obs = views[0] if len(views) == 1 else np.concatenate(views)
+        # written in place where the forward can: no intermediate arrays to copy back
+        if self.forward.act_into(obs, [(self.actions[slot, t], self.log_probs[slot, t], self.values[slot, t])
+                                       for slot, t in cells]):
+            for slot, t in cells:
+                self.policy_version[slot, t] = self.version
+            return obs.shape[0]
+        actions, log_probs, values = self.forward(obs)
         offset = 0
         for (slot, t), view in zip(cells, views):
             n = view.shape[0]

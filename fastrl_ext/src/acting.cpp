@@ -44,6 +44,7 @@ constexpr int HEADER = 7;
 constexpr int PER_LAYER = 5;
 constexpr int TAIL = 4;
 constexpr float NORM_CLIP = 10.0f;
+constexpr int64_t MAX_CATEGORIES = 64;  // the head's cumulative sums live on the stack
 
 enum Arg { PLAN, PARAMS, OBS, RANDOM, ACTIONS, LOG_PROBS, VALUES, NUM_ARGS };
 const char* const NAMES[NUM_ARGS] = {"plan", "params", "obs", "random", "actions", "log_probs", "values"};
@@ -226,6 +227,26 @@ __attribute__((always_inline)) inline const float* trunk(const Net& net, const s
     return in;
 }
 
+// One categorical draw from logits [A] (A <= MAX_CATEGORIES) and a uniform u in [0, 1): the header's formula.
+// Shared by the MLP kernel's head and `sample_categorical`, so both draw alike from the same u.
+__attribute__((always_inline)) inline void categorical_row(const float* logits, int64_t A, float u, int64_t* action,
+                                                           float* log_prob) {
+    float top = logits[0];
+    for (int64_t j = 1; j < A; ++j) top = std::max(top, logits[j]);
+    float cdf[MAX_CATEGORIES];
+    float total = 0.0f;
+    for (int64_t j = 0; j < A; ++j) {
+        total += std::exp(logits[j] - top);
+        cdf[j] = total;
+    }
+    const float threshold = u * total;
+    int64_t chosen = 0;
+    for (int64_t j = 0; j < A; ++j) chosen += cdf[j] <= threshold;
+    chosen = std::min(chosen, A - 1);
+    *action = chosen;
+    *log_prob = (logits[chosen] - top) - std::log(total);
+}
+
 // The whole batch, compiled below once per instruction set; `act_batch` picks one by the CPU.
 __attribute__((always_inline)) inline void act_rows(const Net& net, const float* obs, const float* random, int64_t B,
                                                     int64_t* actions_i, float* actions_f, float* log_probs,
@@ -252,20 +273,7 @@ __attribute__((always_inline)) inline void act_rows(const Net& net, const float*
         values[i] = head[0];
         dense_row(net.policy_head, h, head, 0);
         if (net.discrete) {
-            float top = head[0];
-            for (int64_t j = 1; j < A; ++j) top = std::max(top, head[j]);
-            float cdf[64];
-            float total = 0.0f;
-            for (int64_t j = 0; j < A; ++j) {
-                total += std::exp(head[j] - top);
-                cdf[j] = total;
-            }
-            const float u = random[i] * total;
-            int64_t action = 0;
-            for (int64_t j = 0; j < A; ++j) action += cdf[j] <= u;
-            action = std::min(action, A - 1);
-            actions_i[i] = action;
-            log_probs[i] = (head[action] - top) - std::log(total);
+            categorical_row(head, A, random[i], &actions_i[i], &log_probs[i]);
         } else {
             const float* noise = random + i * A;
             float sq = 0.0f;
@@ -319,7 +327,7 @@ int act_net(const Net& net, const float* obs, int64_t obs_items, const float* ra
         PyErr_Format(PyExc_TypeError, "act_mlp: %s has the wrong dtype", NAMES[ACTIONS]);
         return -1;
     }
-    if (net.discrete && net.A > 64) return refuse("more than 64 discrete actions");
+    if (net.discrete && net.A > MAX_CATEGORIES) return refuse("more than 64 discrete actions");
     if (obs_items != B * net.D) return refuse("obs is not [B, D] for the network's D and values' B");
     if (log_prob_items != B) return refuse("log_probs must hold B values");
     const int64_t per_action = net.discrete ? 1 : net.A;
@@ -369,6 +377,56 @@ PyObject* py_act_mlp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+// sample_categorical(logits, random, actions, log_probs): the draw alone, for a policy whose forward ran
+// elsewhere (an inference worker's torch network): one row per sample of float32 logits [B, A], a uniform
+// each in `random` [B], written into int32 or int64 `actions` [B] (a trajectory slot's cells) and float32
+// `log_probs` [B]. Replaces torch's log_softmax, multinomial and gather (~30 us a call warm, ~8 tensors).
+PyObject* py_sample_categorical(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    enum { LOGITS, UNIFORMS, OUT_ACTIONS, OUT_LOG_PROBS, N };
+    static const char* const names[N] = {"logits", "random", "actions", "log_probs"};
+    if (nargs != N) {
+        PyErr_SetString(PyExc_TypeError, "sample_categorical takes 4 arguments (logits, random, actions, log_probs)");
+        return nullptr;
+    }
+    View v[N];
+    if (!fastrl_ext::float32_view(v[LOGITS], args[LOGITS], false, "sample_categorical", names[LOGITS]) ||
+        !fastrl_ext::float32_view(v[UNIFORMS], args[UNIFORMS], false, "sample_categorical", names[UNIFORMS]) ||
+        !v[OUT_ACTIONS].get(args[OUT_ACTIONS], true, "sample_categorical", names[OUT_ACTIONS]) ||
+        !fastrl_ext::float32_view(v[OUT_LOG_PROBS], args[OUT_LOG_PROBS], true, "sample_categorical", names[OUT_LOG_PROBS]))
+        return nullptr;
+    const char k = v[OUT_ACTIONS].kind();
+    const Py_ssize_t action_bytes = v[OUT_ACTIONS].buf.itemsize;
+    if (!((k == 'i' || k == 'l' || k == 'q') && (action_bytes == 4 || action_bytes == 8))) {
+        PyErr_SetString(PyExc_TypeError, "sample_categorical: actions must be int32 or int64");
+        return nullptr;
+    }
+    if (v[LOGITS].buf.ndim != 2) {
+        PyErr_SetString(PyExc_ValueError, "sample_categorical: logits must be [B, A]");
+        return nullptr;
+    }
+    const int64_t B = v[LOGITS].dim(0), A = v[LOGITS].dim(1);
+    if (A < 1 || A > MAX_CATEGORIES) {
+        PyErr_SetString(PyExc_ValueError, "sample_categorical: logits need 1 to 64 actions");
+        return nullptr;
+    }
+    if (v[UNIFORMS].items() != B || v[OUT_ACTIONS].items() != B || v[OUT_LOG_PROBS].items() != B) {
+        PyErr_SetString(PyExc_ValueError, "sample_categorical: random, actions and log_probs must hold B items");
+        return nullptr;
+    }
+    const float* logits = static_cast<const float*>(v[LOGITS].buf.buf);
+    const float* u = static_cast<const float*>(v[UNIFORMS].buf.buf);
+    float* log_probs = static_cast<float*>(v[OUT_LOG_PROBS].buf.buf);
+    for (int64_t i = 0; i < B; ++i) {
+        int64_t action;
+        categorical_row(logits + i * A, A, u[i], &action, &log_probs[i]);
+        if (action_bytes == 4)
+            static_cast<int32_t*>(v[OUT_ACTIONS].buf.buf)[i] = static_cast<int32_t>(action);
+        else
+            static_cast<int64_t*>(v[OUT_ACTIONS].buf.buf)[i] = action;
+    }
+    Py_RETURN_NONE;
+}
+
 // fastrl_ext._rollout's way in (see acting_api.h): the network read once for a call of many steps; its
 // views keep the plan's and weights' buffers held for as long as the binding lives
 struct BoundNet {
@@ -401,6 +459,10 @@ PyMethodDef methods[] = {
     {"act_mlp", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_act_mlp)), METH_FASTCALL,
      "act_mlp(plan, params, obs, random, actions, log_probs, values): one batch's forward and sampling, "
      "written into actions, log_probs and values."},
+    {"sample_categorical", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_sample_categorical)),
+     METH_FASTCALL,
+     "sample_categorical(logits, random, actions, log_probs): one categorical draw per row of float32 logits "
+     "[B, A] from uniforms [B], written into int32/int64 actions and float32 log_probs."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_acting", "A small MLP policy's acting forward (fastrl_ext).", -1,

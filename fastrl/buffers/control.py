@@ -11,6 +11,12 @@ Replacing a dead rollout worker w: the runner bumps `rollout_generation[w]` (inf
 then ignore w's old requests) and the reclaim epoch, waits until every inference worker has
 begun a batch after that (`inference_seen_epoch`), so no late write can land in w's slots, and
 only then frees the slots `slot_owner` says w held.
+
+The two moments a slot changes hands between w and its rings (taken from the free ring, handed to
+the full ring) are each a few lines, and w can die between any two. `slot_journal[w]` says which
+one w is inside and where the ring stood, so that the runner can finish or undo it afterwards
+(`repair_journal`): without it a slot popped but not yet owned, or disowned but not yet pushed, was
+in no ring and owned by nobody, lost to the run for good.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ from fastrl.buffers.shm import ShmAllocator, ShmArray
 
 STOP, RECLAIM_EPOCH, INFERENCE_EPOCH = 0, 1, 2
 NO_OWNER = -1
+# slot_journal[w] = [op, slot, ring position before the op, w's env_steps before the op]
+JOURNAL_IDLE, JOURNAL_HANDOVER, JOURNAL_TAKE = 0, 1, 2
 
 
 class SharedControl:
     def __init__(self, flags: ShmArray, heartbeats: ShmArray, env_steps: ShmArray, wait_s: ShmArray,
                  inference_counts: ShmArray, rollout_generation: ShmArray, inference_seen_epoch: ShmArray,
-                 slot_owner: ShmArray, nonfinite: ShmArray, inflight_steps: ShmArray):
+                 slot_owner: ShmArray, nonfinite: ShmArray, inflight_steps: ShmArray, slot_journal: ShmArray):
         self.flags, self.heartbeats, self.env_steps = flags, heartbeats, env_steps
         self.wait_s = wait_s  # per process (heartbeat index): seconds blocked waiting for another process
         self.inference_counts = inference_counts  # per inference worker: [batches, samples]
@@ -37,6 +45,7 @@ class SharedControl:
         self.slot_owner = slot_owner  # per trajectory slot: rollout worker holding it, or NO_OWNER
         self.nonfinite = nonfinite  # per rollout worker: transitions masked for non-finite obs/reward
         self.inflight_steps = inflight_steps  # per rollout worker: env steps in its unfinished slots (lost if it dies)
+        self.slot_journal = slot_journal  # per rollout worker: the slot hand-off it is inside (see the module doc)
 
     @staticmethod
     def allocate(alloc: ShmAllocator, num_processes: int, num_rollout_workers: int,
@@ -50,7 +59,8 @@ class SharedControl:
                                 alloc.array("inference_seen_epoch", (num_inference_workers,), np.int64),
                                 alloc.array("slot_owner", (num_slots,), np.int64),
                                 alloc.array("nonfinite", (num_rollout_workers,), np.int64),
-                                alloc.array("inflight_steps", (num_rollout_workers,), np.int64))
+                                alloc.array("inflight_steps", (num_rollout_workers,), np.int64),
+                                alloc.array("slot_journal", (num_rollout_workers, 4), np.int64))
         control.slot_owner.array[:] = NO_OWNER
         return control
 
@@ -80,3 +90,37 @@ class SharedControl:
 
     def slots_held_by(self, rollout_index: int) -> list[int]:
         return np.flatnonzero(self.slot_owner.array == rollout_index).tolist()
+
+    # --- the slot journal: written by rollout worker w, read and cleared by the runner once w is dead
+    def journal_handover(self, rollout_index: int, slot: int, full_ring_head: int) -> None:
+        """w is about to disown `slot`, count its steps and push it to its full ring, whose head is this."""
+        entry = self.slot_journal.array[rollout_index]
+        entry[1:] = (slot, full_ring_head, self.env_steps.array[rollout_index])
+        entry[0] = JOURNAL_HANDOVER  # last: an entry that says an op is under way is whole
+
+    def journal_take(self, rollout_index: int, free_ring_tail: int) -> None:
+        """w is about to pop a slot from its free ring, whose tail is this, and own it."""
+        entry = self.slot_journal.array[rollout_index]
+        entry[1:] = (NO_OWNER, free_ring_tail, self.env_steps.array[rollout_index])
+        entry[0] = JOURNAL_TAKE
+
+    def journal_done(self, rollout_index: int) -> None:
+        self.slot_journal.array[rollout_index, 0] = JOURNAL_IDLE
+
+    def repair_journal(self, rollout_index: int, full_ring, free_ring) -> str | None:
+        """After w died: finish or undo the hand-off its journal says it was inside, so that every slot
+        is again in a ring or owned. A handover whose push had not landed is undone (w owns the slot
+        again and its steps are uncounted); a take whose pop had landed is finished (w owns the slot
+        it popped). The caller then reclaims w's slots as usual. Says what it did, or None."""
+        op, slot, position, steps_before = (int(x) for x in self.slot_journal.array[rollout_index])
+        self.journal_done(rollout_index)
+        if op == JOURNAL_HANDOVER and full_ring.head <= position:
+            self.slot_owner.array[slot] = rollout_index
+            self.env_steps.array[rollout_index] = steps_before
+            return f"took back slot {slot}, which it died handing over"
+        if op == JOURNAL_TAKE and free_ring.tail > position:
+            slot = free_ring.record_at(position)[0]  # still there: the ring holds more cells than slots
+            if self.slot_owner.array[slot] != rollout_index:
+                self.slot_owner.array[slot] = rollout_index
+                return f"kept slot {slot}, which it died taking"
+        return None

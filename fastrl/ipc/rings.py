@@ -133,6 +133,20 @@ class IntRing:
         c = self.counters.array
         return int(c[0] - c[1])
 
+    @property
+    def head(self) -> int:
+        """Records ever pushed (the producer's position)."""
+        return int(self.counters.array[0])
+
+    @property
+    def tail(self) -> int:
+        """Records ever popped (the consumer's position)."""
+        return int(self.counters.array[1])
+
+    def record_at(self, position: int) -> tuple:
+        """The record pushed at `position` (a head value), while no later push has reused its cell."""
+        return tuple(self.data.array[position % self.capacity].tolist())
+
     def push(self, record) -> None:
         """Producer only. Capacity is sized so that the ring cannot overflow (see Channels)."""
         self.push_many((record,))

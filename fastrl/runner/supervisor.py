@@ -183,6 +183,11 @@ class Supervisor:
             time.sleep(0.005)
         else:
             self.log.warning("inference workers did not confirm reclaim epoch %d within %.0f s", epoch, RECLAIM_WAIT_S)
+        # a slot it died taking or handing over belongs to it again or was delivered (see the journal)
+        repaired = control.repair_journal(rollout_index, self.ctx.channels.full_slots[rollout_index],
+                                          self.ctx.channels.free_slots[rollout_index])
+        if repaired:
+            self.log.info("rollout worker %d's slot journal: %s", rollout_index, repaired)
         # the replacement adopts these (control.slot_owner) before taking new ones from its ring
         return control.slots_held_by(rollout_index)
 

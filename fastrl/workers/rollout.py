@@ -156,6 +156,9 @@ class RolloutWorker:
         if self.adopted:
             return self.adopted.pop(0)
         started = time.perf_counter()
+        # journaled: if we die between the pop and owning the slot, the runner gives it to our replacement
+        # (SharedControl.repair_journal); only we move this ring's tail, so it stands still while we wait
+        self.control.journal_take(self.index, self.free_ring.tail)
         try:
             while True:
                 got = self.free_ring.pop_all(max_records=1)
@@ -168,6 +171,7 @@ class RolloutWorker:
                 self._idle()
                 wait_any(self.bell, [self.free_ring], POLL_S)
         finally:
+            self.control.journal_done(self.index)
             self.control.add_wait(self.hb, time.perf_counter() - started)
 
     def _take_replies(self) -> None:
@@ -230,11 +234,14 @@ class RolloutWorker:
         if t == self.T:
             new_slot, self.next_slot[split] = self.next_slot[split], -1
             self.obs[new_slot, 0] = self.obs[slot, t]
-            # give up ownership and count the steps before handing over: a worker killed in between loses
-            # one counted slot, but never has a slot trained twice or trained without being counted
+            # give up ownership and count the steps before handing over, so that no slot is trained twice or
+            # trained uncounted; journaled, so that if we die in between the runner takes the slot back
+            # uncounted (SharedControl.repair_journal) instead of losing it
+            self.control.journal_handover(self.index, slot, self.full_ring.head)
             self.control.slot_owner.array[slot] = NO_OWNER
             self.control.env_steps.array[self.index] += self.T * self.num_envs
             self.full_ring.push(slot)
+            self.control.journal_done(self.index)
             self.slots_handed_over += 1
             self.slot[split], t = new_slot, 0
             scores, lengths = self.recorder.take_finished()

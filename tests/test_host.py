@@ -104,3 +104,23 @@ def test_available_cores_is_the_affinity_capped_by_the_quota_rounded_up(monkeypa
     for quota, cores in ((None, 4), (1.5, 2), (0.5, 1), (2.0, 2), (16.0, 4)):
         monkeypatch.setattr(host, "cgroup_cpu_quota", lambda q=quota: q)
         assert available_cores() == cores
+
+
+def test_core_times_from_one_pread_agree_with_psutil(monkeypatch):
+    """The kept-open /proc/stat read counts what psutil.cpu_times(percpu=True) counts: each figure lies
+    between psutil's readings just before and just after it (the counters only grow), give or take a
+    tick; where a CPU is missing from /proc/stat it falls back to psutil."""
+    cpus = usable_cpus()
+    for _ in range(3):
+        with monkeypatch.context() as m:
+            m.setattr(host, "_per_cpu_ticks", lambda cpus: None)
+            before = host.core_times(cpus)
+        fast = host.core_times(cpus)
+        with monkeypatch.context() as m:
+            m.setattr(host, "_per_cpu_ticks", lambda cpus: None)
+            after = host.core_times(cpus)
+        assert fast["busy_s"] + fast["idle_s"] > 0
+        for key in fast:
+            assert before[key] - 0.011 <= fast[key] <= after[key] + 0.011, (key, before, fast, after)
+    assert host._per_cpu_ticks([10**6]) is None  # no such CPU: core_times takes psutil's path
+    assert host.core_times([10**6]) == {"busy_s": 0.0, "idle_s": 0.0, "stolen_s": 0.0}

@@ -118,14 +118,16 @@ def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
     (~45 slots) that start-up alone split the work as unevenly as 7 slots to 38, failing one CI run.
     Over 200k, six runs split it 41-50% to the lesser worker until the learner got faster (stop 43's
     native MLP layers: the run takes ~4 s instead of ~6), after which six read 30-50% and one CI run
-    24.8%; over 400k six read 42-50%. The bug gave the lesser worker under 1%."""
+    24.8%; over 400k six read 42-50%, and one CI run at stop 47 23.7%: on two cores the kernel can keep
+    one worker queued behind the learner for much of a 4 s run (bench/README, stop 41). The bug gave the
+    lesser worker under 1%, so the line sits at 10%, well clear of both."""
     run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "sampler.num_splits=1",
                      "--set", "run.train_for_env_steps=400000", runs_dir=tmp_path)
     assert run.wait(120) == 0, run.output
     summary = run.summary()
     by_worker = summary["env_steps_by_rollout_worker"]
     assert len(by_worker) == 2 and sum(by_worker) == summary["env_steps"], summary
-    assert min(by_worker) >= 0.25 * summary["env_steps"], summary
+    assert min(by_worker) >= 0.10 * summary["env_steps"], summary
     assert summary["policy_lag"]["max"] <= 200, summary  # no slot left half-filled for the whole run
     assert_clean(run)
 

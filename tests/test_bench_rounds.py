@@ -108,3 +108,23 @@ def test_each_round_says_how_much_of_the_cores_the_hypervisor_stole():
 def test_nothing_to_combine_is_an_error():
     with pytest.raises(ValueError):
         combine_rounds([])
+
+
+def test_each_rounds_learner_wait_is_kept_and_its_median_reported():
+    """Issue #5's line (the learner waiting < 5% of a learner-bound run) is judged on every round, not
+    only on the round whose rate was the median."""
+    rounds = [_round(1.0, 900.0), _round(0.8, 800.0), _round(1.1, 1000.0)]
+    for r, wait in zip(rounds, (0.02, 0.09, 0.04)):
+        r["stages"]["train"]["learner_wait_fraction"] = wait
+    combined = combine_rounds(rounds)
+    assert [r["learner_wait"] for r in combined["rounds"]] == [0.02, 0.09, 0.04]
+    assert combined["learner_wait_median"] == 0.04
+    text = format_table(combined)
+    assert "; the learner waiting 9.0%" in text.splitlines()[[i for i, line in enumerate(text.splitlines())
+                                                              if line.startswith("  round 2:")][0]]
+    assert "the learner waited 4.0% of the train stage, the median of 3 rounds" in text
+    sampling_only = [_round(s, 900.0) for s in (1.0, 0.9)]
+    for r in sampling_only:
+        del r["stages"]["train"]
+        summarize(r)
+    assert "learner_wait_median" not in combine_rounds(sampling_only)

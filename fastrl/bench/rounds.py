@@ -66,8 +66,18 @@ def combine_rounds(rounds: list[dict]) -> dict:
                  "bound": {k: r["bound"][k] for k in BOUND_KEYS if k in r["bound"]},
                  "efficiency": dict(r["efficiency"]),
                  "stolen": {name: st["core_shares"]["stolen"] for name, st in r["stages"].items()
-                            if st.get("core_shares")}} for r in rounds])
+                            if st.get("core_shares")},
+                 **_learner_wait(r)} for r in rounds])
+    waits = [r["learner_wait"] for r in combined["rounds"] if "learner_wait" in r]
+    if waits:  # issue #5's line is on every learner-bound run, not on the median-rate round alone
+        combined["learner_wait_median"] = round(statistics.median(waits), 4)
     return combined
+
+
+def _learner_wait(summarized_round: dict) -> dict:
+    """{"learner_wait": the share of the train stage the learner waited for data}, where it trained."""
+    train = summarized_round["stages"].get("train", {})
+    return {"learner_wait": train["learner_wait_fraction"]} if train.get("learner_trains") else {}
 
 
 def rounds_lines(result: dict) -> list[str]:
@@ -86,5 +96,9 @@ def rounds_lines(result: dict) -> list[str]:
                          + (f" ({stolen[stage]:.0%} of the cores stolen)" if stage in stolen else "")
                          for stage, value in r["efficiency"].items()
                          for key in [f"{stage}_env_steps_per_s"])
-        lines.append(f"  round {i}: {rates}{ratios}")
+        wait = f"; the learner waiting {r['learner_wait']:.1%}" if "learner_wait" in r else ""
+        lines.append(f"  round {i}: {rates}{ratios}{wait}")
+    if "learner_wait_median" in result:
+        lines.append(f"  the learner waited {result['learner_wait_median']:.1%} of the train stage, the median of "
+                     f"{n} rounds")
     return lines

@@ -14,16 +14,13 @@ cells, the native side the uniforms' draw from numpy's Generator. Alternated --r
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
 import fastrl_ext
-from fastrl.bench.measure import alternated_us_per_call
+from fastrl.bench.measure import alternated_us_per_call, microbench_args, write_json
 
 SHAPES = {  # label: (rows per group, groups, actions)
     "Pong, 1 group of 16 x 6 actions": (16, 1, 6),
@@ -64,11 +61,7 @@ def draw_call(shape: tuple, native: bool) -> Callable[[], None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--json")
-    args = parser.parse_args()
+    args = microbench_args(__doc__.splitlines()[0])
     torch.set_num_threads(1)  # as an inference worker runs
     results: dict[str, dict] = {}
     for label, shape in SHAPES.items():
@@ -78,8 +71,7 @@ def main() -> None:
     for label, r in results.items():
         print(f"{label:<42}{r['torch']:>10.1f}{r['native']:>11.2f}{r['torch'] / r['native']:>9.1f}x"
               f"{r['native'] * 1e3 / r['rows']:>15.0f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,13 @@ the table gives medians.
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from fastrl.algo.appo_loss import appo_loss
 from fastrl.algo.vtrace import vtrace
-from fastrl.bench.measure import alternated_us_per_call
+from fastrl.bench.measure import alternated_us_per_call, microbench_args, write_json
 
 VTRACE_SHAPES = {"HalfCheetah minibatch": (64, 4), "CartPole minibatch": (32, 16), "Pong batch": (32, 32)}
 LOSS_SHAPES = {"HalfCheetah minibatch": (64, 4), "CartPole minibatch": (32, 16), "Pong minibatch": (64,)}
@@ -56,11 +53,7 @@ def loss_call(shape: tuple, native: bool) -> Callable[[], None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--json")
-    args = parser.parse_args()
+    args = microbench_args(__doc__.splitlines()[0])
     torch.set_num_threads(1)
     results: dict[str, dict] = {}
     for piece, shapes, make in (("vtrace", VTRACE_SHAPES, vtrace_call), ("appo_loss", LOSS_SHAPES, loss_call)):
@@ -72,8 +65,7 @@ def main() -> None:
     for label, r in results.items():
         print(f"{label:<36}{str(r['shape']):>10}{r['torch']:>12.1f}{r['native']:>12.1f}"
               f"{r['torch'] / r['native']:>9.1f}x")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

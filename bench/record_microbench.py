@@ -12,16 +12,13 @@ float32, reward scaling), Pong (16 envs, 4x84x84 uint8 frames, Atari's score fie
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
 
 from fastrl.algo.reward_scaling import ReturnScaler
-from fastrl.bench.measure import alternated_us_per_call
+from fastrl.bench.measure import alternated_us_per_call, microbench_args, write_json
 from fastrl.envs.vector import step_from_raw
 from fastrl.workers.recording import NativeRecorder, PythonRecorder
 
@@ -64,11 +61,7 @@ def recorder_call(shape: tuple, native: bool) -> Callable[[], None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--json")
-    args = parser.parse_args()
+    args = microbench_args(__doc__.splitlines()[0])
     results: dict[str, dict] = {}
     for label, shape in SHAPES.items():
         calls = {"numpy": recorder_call(shape, False), "native": recorder_call(shape, True)}
@@ -77,8 +70,7 @@ def main() -> None:
     for label, r in results.items():
         print(f"{label:<40}{r['numpy']:>10.1f}{r['native']:>11.2f}{r['numpy'] / r['native']:>9.1f}x"
               f"{r['native'] * 1e3 / r['envs']:>15.0f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,12 @@ lowers the efficiency without anything in fastrl costing more.
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import psutil
@@ -221,6 +224,21 @@ def us_per_call(call: Callable[[], None], seconds: float) -> float:
             call()
         n += 50
     return (time.perf_counter() - started) / n * 1e6
+
+
+def microbench_args(description: str, default_seconds: float = 1.0) -> argparse.Namespace:
+    """--rounds, --seconds and --json, as bench/'s alternated reference-against-native microbenchmarks take them."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=default_seconds)
+    parser.add_argument("--json", help="also write the figures here")
+    return parser.parse_args()
+
+
+def write_json(path: str | None, results: dict) -> None:
+    """A microbenchmark's figures to `path`, where one was given."""
+    if path:
+        Path(path).write_text(json.dumps(results, indent=2))
 
 
 def alternated_us_per_call(calls: dict[str, Callable[[], None]], rounds: int, seconds: float) -> dict[str, float]:

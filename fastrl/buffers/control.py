@@ -94,15 +94,16 @@ class SharedControl:
     # --- the slot journal: written by rollout worker w, read and cleared by the runner once w is dead
     def journal_handover(self, rollout_index: int, slot: int, full_ring_head: int) -> None:
         """w is about to disown `slot`, count its steps and push it to its full ring, whose head is this."""
-        entry = self.slot_journal.array[rollout_index]
-        entry[1:] = (slot, full_ring_head, self.env_steps.array[rollout_index])
-        entry[0] = JOURNAL_HANDOVER  # last: an entry that says an op is under way is whole
+        self._journal(rollout_index, JOURNAL_HANDOVER, slot, full_ring_head)
 
     def journal_take(self, rollout_index: int, free_ring_tail: int) -> None:
         """w is about to pop a slot from its free ring, whose tail is this, and own it."""
+        self._journal(rollout_index, JOURNAL_TAKE, NO_OWNER, free_ring_tail)
+
+    def _journal(self, rollout_index: int, op: int, slot: int, position: int) -> None:
         entry = self.slot_journal.array[rollout_index]
-        entry[1:] = (NO_OWNER, free_ring_tail, self.env_steps.array[rollout_index])
-        entry[0] = JOURNAL_TAKE
+        entry[1:] = (slot, position, self.env_steps.array[rollout_index])
+        entry[0] = op  # last: an entry that says an op is under way is whole
 
     def journal_done(self, rollout_index: int) -> None:
         self.slot_journal.array[rollout_index, 0] = JOURNAL_IDLE

@@ -169,7 +169,7 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
     from fastrl.models import ActorCritic
     from fastrl.models.numpy_policy import NumpyPolicy, acting_backend
     from fastrl.models.packed_cnn import packed_forward
-    from fastrl.workers.acting import native_categorical_draw
+    from fastrl.workers.acting import forward_and_draw, native_categorical_draw
 
     torch.set_num_threads(cfg.system.inference_threads)
     batch = inference_batch_size(cfg)
@@ -191,15 +191,16 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
         # forwards; this stage loads no new version); eager where packing is off or does not apply
         net = (packed_forward(model, spec.obs_shape, batch) if cfg.system.packed_inference else None) or model
         draw = native_categorical_draw(cfg, spec)  # as TorchForward.act_into draws, where it does
-        actions, log_probs, rng = np.empty(batch, np.int32), np.empty(batch, np.float32), np.random.default_rng(0)
+        targets = [(np.empty(batch, np.int32), np.empty(batch, np.float32), np.empty(batch, np.float32))]
+        obs_np, rng = obs.numpy(), np.random.default_rng(0)
 
         def step() -> int:
+            if draw is not None:
+                forward_and_draw(net, obs_np, draw, rng, targets)
+                return batch
             with torch.inference_mode():
                 params, _ = net(obs)
-                if draw is None:
-                    model.sample(params)
-            if draw is not None:
-                draw(np.ascontiguousarray(params.numpy()), rng.random(batch, dtype=np.float32), actions, log_probs)
+                model.sample(params)
             return batch
 
     points, done, cpu_s, wall = _timed_loop(step, seconds, progress, "samples")

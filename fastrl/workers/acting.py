@@ -40,6 +40,24 @@ def native_categorical_draw(cfg, spec):
     return fastrl_ext._acting.sample_categorical if fastrl_ext._acting is not None else None
 
 
+def forward_and_draw(net, obs: np.ndarray, draw, rng: np.random.Generator, targets: list) -> None:
+    """`net`'s forward on the CPU, then `draw` (native_categorical_draw's) written straight into each target's
+    cells: (actions, log_probs, values) views taking consecutive rows of `obs`, in order. One function for
+    TorchForward.act_into and fastrl bench's infer stage, so the stage times exactly what a worker runs."""
+    import torch
+
+    with torch.inference_mode():
+        params, values = net(torch.from_numpy(obs))
+    logits, values = np.ascontiguousarray(params.numpy()), values.numpy()
+    uniforms = rng.random(obs.shape[0], dtype=np.float32)
+    offset = 0
+    for actions, log_probs, value_cells in targets:
+        n = actions.shape[0]
+        draw(logits[offset:offset + n], uniforms[offset:offset + n], actions, log_probs)
+        value_cells[:] = values[offset:offset + n]
+        offset += n
+
+
 class TorchForward:
     def __init__(self, ctx: WorkerContext, seed: int):
         import torch
@@ -131,18 +149,7 @@ class TorchForward:
         nothing run, where only __call__ can (Gaussian actions, a GPU, the extension not built)."""
         if self.sample_categorical is None:
             return False
-        torch = self.torch
-        net = self._net()
-        with torch.inference_mode():
-            params, values = net(torch.from_numpy(obs))
-        logits, values = np.ascontiguousarray(params.numpy()), values.numpy()
-        uniforms = self.rng.random(obs.shape[0], dtype=np.float32)
-        offset = 0
-        for actions, log_probs, value_cells in targets:
-            n = actions.shape[0]
-            self.sample_categorical(logits[offset:offset + n], uniforms[offset:offset + n], actions, log_probs)
-            value_cells[:] = values[offset:offset + n]
-            offset += n
+        forward_and_draw(self._net(), obs, self.sample_categorical, self.rng, targets)
         return True
 
 

@@ -13,7 +13,11 @@ the rest of the machine held at that moment:
   - woken here, not yet running: a thread woken onto this core had not been switched in yet (an idle
     vCPU's wake-up latency);
   - nothing runnable: every thread slept (the pipeline's real waits).
-It also prints, per fastrl process, how often its threads were switched out and their mean slice.
+For the idle time with a thread queued on another core it names the queued threads' processes, how they
+got there (preempted on that core, or woken onto it while this one idled), and how long such stretches
+last: a stretch that ends only at the busy core's next scheduler tick (4 ms at HZ=250) is the kernel's
+idle balancing, which a stretch of tens of microseconds is not. It also prints, per fastrl process, how
+often its threads were switched out and their mean slice.
 Needs `perf` and the right to trace the scheduler (root, or perf_event_paranoid <= -1).
 """
 
@@ -39,16 +43,23 @@ WAKING = re.compile(r"\[(\d+)\]\s+([\d.]+):\s+sched:sched_waking: comm=.* pid=(\
 MIGRATE = re.compile(r"\[(\d+)\]\s+([\d.]+):\s+sched:sched_migrate_task: comm=.* pid=(\d+) prio=\d+ orig_cpu=(\d+) "
                      r"dest_cpu=(\d+)")
 IDLE_KINDS = ("queued on another core", "woken here, not yet running", "nothing runnable")
+LONG_STRETCH_S = 1e-3  # a quarter of a 250 Hz tick: far longer than a migration or a wake-up takes
 
 
 def classify_idle(lines: list[str]) -> dict:
     """Replay `perf script -F cpu,time,event,trace` lines. Returns idle CPU-seconds by kind, the traced
-    window, and per thread id its comm, switch-outs and on-CPU seconds."""
+    window, per thread id its comm, switch-outs and on-CPU seconds, and for the idle time "queued on
+    another core": the CPU-seconds charged to each queued thread (shared equally when several were queued)
+    by how it got into that queue ("preempted" or "woken"), and the lengths of the stretches."""
     current: dict[int, int] = {}  # cpu -> tid running (0: idle)
     queued: dict[int, int] = {}  # runnable tid -> cpu whose run queue holds it
+    queued_how: dict[int, str] = {}  # runnable tid -> "preempted" or "woken"
     on_since: dict[int, float] = {}
     threads: dict[int, dict] = collections.defaultdict(lambda: {"comm": "", "switches": 0, "on_cpu_s": 0.0})
     idle_s = dict.fromkeys(IDLE_KINDS, 0.0)
+    queued_idle: dict[tuple, float] = collections.defaultdict(float)  # (tid, how) -> idle CPU-s charged to it
+    stretch_since: dict[int, float] = {}  # idle cpu -> when its current "queued on another core" stretch began
+    stretches_s: list[float] = []
     first_t = last_t = None
     for line in lines:
         switch = SWITCH.search(line)
@@ -60,14 +71,22 @@ def classify_idle(lines: list[str]) -> dict:
         t = float(event.group(2))
         if last_t is not None and current:
             for cpu, tid in current.items():
+                elsewhere = False
                 if tid:
-                    continue
-                if any(where == cpu for where in queued.values()):
+                    pass
+                elif any(where == cpu for where in queued.values()):
                     idle_s["woken here, not yet running"] += t - last_t
                 elif queued:
+                    elsewhere = True
                     idle_s["queued on another core"] += t - last_t
+                    for waiting in queued:
+                        queued_idle[(waiting, queued_how.get(waiting, "woken"))] += (t - last_t) / len(queued)
                 else:
                     idle_s["nothing runnable"] += t - last_t
+                if elsewhere:
+                    stretch_since.setdefault(cpu, last_t)
+                elif cpu in stretch_since:
+                    stretches_s.append(last_t - stretch_since.pop(cpu))
         first_t = t if first_t is None else first_t
         last_t = t
         if switch:
@@ -79,6 +98,7 @@ def classify_idle(lines: list[str]) -> dict:
                 threads[prev]["on_cpu_s"] += t - on_since.pop(prev, t)
                 if state.startswith("R"):
                     queued[prev] = cpu  # preempted: still runnable, in this core's queue
+                    queued_how[prev] = "preempted"
                 else:
                     queued.pop(prev, None)
             if nxt:
@@ -90,12 +110,15 @@ def classify_idle(lines: list[str]) -> dict:
             tid = int(waking.group(3))
             if tid not in current.values():
                 queued[tid] = int(waking.group(4))
+                queued_how[tid] = "woken"
         else:
             tid = int(migrate.group(3))
             if tid in queued:
                 queued[tid] = int(migrate.group(5))
+    stretches_s.extend(last_t - since for since in stretch_since.values())  # still open when the trace ended
     window_s = (last_t - first_t) if first_t is not None else 0.0
-    return {"window_s": window_s, "cpus": len(current), "idle_s": idle_s, "threads": dict(threads)}
+    return {"window_s": window_s, "cpus": len(current), "idle_s": idle_s, "threads": dict(threads),
+            "queued_idle_s": dict(queued_idle), "queued_stretches_s": sorted(stretches_s)}
 
 
 def thread_groups(root: psutil.Process) -> dict[int, str]:
@@ -117,6 +140,24 @@ def report(result: dict, groups: dict[int, str]) -> str:
     for kind in IDLE_KINDS:
         share = result["idle_s"][kind] / idle_total if idle_total else 0.0
         lines.append(f"  {kind:28s} {result['idle_s'][kind]:.3f} CPU-s ({share:.0%} of the idle time)")
+    queued_by: dict[str, dict] = collections.defaultdict(lambda: {"preempted": 0.0, "woken": 0.0})
+    for (tid, how), seconds in result["queued_idle_s"].items():
+        queued_by[groups.get(tid, "other processes")][how] += seconds
+    if queued_by:
+        lines.append("  queued on another core, by the queued thread's process: CPU-s while preempted there / "
+                     "woken onto it")
+        for name, how in sorted(queued_by.items(), key=lambda item: -sum(item[1].values())):
+            lines.append(f"    {name:26s} {how['preempted']:.3f} / {how['woken']:.3f}")
+    stretches = result["queued_stretches_s"]
+    if stretches:
+        def quantile(q: float) -> float:
+            return stretches[min(len(stretches) - 1, int(q * len(stretches)))]
+
+        long_s = sum(s for s in stretches if s >= LONG_STRETCH_S)
+        lines.append(f"  its {len(stretches)} stretches: median {quantile(0.5) * 1e3:.2f} ms, p90 "
+                     f"{quantile(0.9) * 1e3:.2f} ms, max {stretches[-1] * 1e3:.2f} ms; "
+                     f"{long_s / max(sum(stretches), 1e-12):.0%} of that idle time in stretches of "
+                     f"{LONG_STRETCH_S * 1e3:.0f} ms or more")
     per_group: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
     for tid, info in result["threads"].items():
         name = groups.get(tid)

@@ -58,5 +58,30 @@ def test_idle_time_is_split_by_what_the_other_core_holds():
     # switch-outs and on-CPU time per thread: 12 ran 1-1.001 and 1.005-1.006
     assert result["threads"][12]["switches"] == 2
     assert result["threads"][12]["on_cpu_s"] == pytest.approx(0.002)
-    text = it.report(result, {11: "fastrl-rollout-0", 12: "fastrl-rollout-0", 13: "fastrl-inference-0"})
+    # the queued-elsewhere idle charged to the thread queued: 12, preempted on cpu 1, for 3 ms; 11, woken onto
+    # cpu 1, for 1 ms; in two stretches of 3 and 1 ms
+    assert result["queued_idle_s"] == pytest.approx({(12, "preempted"): 0.003, (11, "woken"): 0.001}, abs=1e-9)
+    assert result["queued_stretches_s"] == pytest.approx([0.001, 0.003], abs=1e-9)
+    text = it.report(result, {11: "fastrl-rollout-0", 12: "fastrl-rollout-1", 13: "fastrl-inference-0"})
     assert "fastrl-rollout-0" in text and "queued on another core" in text
+    assert "fastrl-rollout-1           0.003 / 0.000" in text and "fastrl-rollout-0           0.000 / 0.001" in text
+    assert "2 stretches: median 3.00 ms, p90 3.00 ms, max 3.00 ms" in text
+
+
+def test_queued_idle_is_shared_between_threads_queued_together_and_a_stretch_open_at_the_end_counts():
+    it = _load()
+    lines = [
+        _switch(0, 2.000, 0, "R", 21),
+        _switch(1, 2.000, 0, "R", 22),
+        _waking(0, 2.0001, 23, 0),        # 23 woken onto busy cpu 0
+        _switch(1, 2.0002, 22, "S", 0),   # cpu 1 idles with 23 queued elsewhere: 0.2 ms alone ...
+        _waking(0, 2.0004, 24, 0),        # ... then 24 joins it: 0.6 ms shared
+        _switch(0, 2.0010, 21, "R", 23),  # 21 preempted, 23 runs: 24 and 21 queued for 0.5 ms more
+        _switch(1, 2.0015, 0, "R", 24),   # the trace's last event: the stretch closes here
+    ]
+    result = it.classify_idle(lines)
+    assert result["idle_s"]["queued on another core"] == pytest.approx(0.0013, abs=1e-9)
+    assert result["queued_idle_s"] == pytest.approx({(23, "woken"): 0.0002 + 0.0003, (24, "woken"): 0.0003 + 0.00025,
+                                                     (21, "preempted"): 0.00025}, abs=1e-9)
+    assert result["queued_stretches_s"] == pytest.approx([0.0013], abs=1e-9)
+    assert "100% of that idle time in stretches of 1 ms or more" in it.report(result, {})

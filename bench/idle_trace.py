@@ -15,8 +15,8 @@ the rest of the machine held at that moment:
   - nothing runnable: every thread slept (the pipeline's real waits).
 For the idle time with a thread queued on another core it names the queued threads' processes, how they
 got there (preempted on that core, or woken onto it while this one idled), and how long such stretches
-last: a stretch that ends only at the busy core's next scheduler tick (4 ms at HZ=250) is the kernel's
-idle balancing, which a stretch of tens of microseconds is not. It also prints, per fastrl process, how
+last: stretches of milliseconds, up to the busy core's next scheduler tick (4 ms at HZ=250), point at the
+kernel's periodic balancing, where a migration or a wake-up takes tens of microseconds. It also prints, per fastrl process, how
 often its threads were switched out and their mean slice.
 Needs `perf` and the right to trace the scheduler (root, or perf_event_paranoid <= -1).
 """
@@ -71,19 +71,17 @@ def classify_idle(lines: list[str]) -> dict:
         t = float(event.group(2))
         if last_t is not None and current:
             for cpu, tid in current.items():
-                elsewhere = False
                 if tid:
-                    pass
+                    kind = None
                 elif any(where == cpu for where in queued.values()):
-                    idle_s["woken here, not yet running"] += t - last_t
-                elif queued:
-                    elsewhere = True
-                    idle_s["queued on another core"] += t - last_t
-                    for waiting in queued:
-                        queued_idle[(waiting, queued_how.get(waiting, "woken"))] += (t - last_t) / len(queued)
+                    kind = "woken here, not yet running"
                 else:
-                    idle_s["nothing runnable"] += t - last_t
-                if elsewhere:
+                    kind = "queued on another core" if queued else "nothing runnable"
+                if kind:
+                    idle_s[kind] += t - last_t
+                if kind == "queued on another core":
+                    for waiting in queued:
+                        queued_idle[(waiting, queued_how[waiting])] += (t - last_t) / len(queued)
                     stretch_since.setdefault(cpu, last_t)
                 elif cpu in stretch_since:
                     stretches_s.append(last_t - stretch_since.pop(cpu))

@@ -138,6 +138,7 @@ def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
     ("in_rollout_acting_numpy_reference", ["sampler.num_inference_workers=0", "system.native_acting=false",
                                            "system.rollout_sched_policy=normal"]),
     ("python_rings", ["system.native_rings=false", "sampler.num_inference_workers=1"]),
+    ("shared_envpool", ["sampler.env_pool=per_worker", "sampler.num_splits=2", "sampler.num_inference_workers=1"]),
     ("sample_minibatches_nice_samplers", ["algo.minibatch_unit=samples", "sampler.num_inference_workers=1",
                                           "system.rollout_nice=7", "system.inference_nice=3",
                                           "system.learner_omp_wait=passive"]),
@@ -178,6 +179,7 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
         assert f"rollout workers act in {'torch' if acting_in_torch else 'numpy'}" in run.output
     summary = run.summary()
     assert summary["env_steps"] >= 30000 and summary["train_steps"] > 0 and summary["episodes"] > 0
+    assert ("envs reset (one shared envpool)" in log) == (variant == "shared_envpool"), log
     if variant == "two_learner_shards_joining_when_behind":  # each batch reports its minibatches' share
         fractions = [json.loads(line).get("train/parallel_fraction")
                      for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -21,11 +21,15 @@ def _losses(tmp_path, name, *overrides, preset="cartpole"):
             for r in rows]
 
 
-@pytest.mark.parametrize("variant", ["inference_worker", "in_rollout", "in_rollout_torch", "learner_shards"])
+@pytest.mark.parametrize("variant", ["inference_worker", "in_rollout", "in_rollout_torch", "learner_shards",
+                                     "shared_envpool"])
 def test_serial_mode_is_bit_reproducible(tmp_path, variant):
     overrides = ("--set", f"sampler.num_inference_workers={1 if variant == 'inference_worker' else 0}")
     if variant == "in_rollout_torch":
         overrides += ("--set", "sampler.acting_backend=torch")
+    if variant == "shared_envpool":  # one envpool per worker, its two groups collected through pump each step
+        overrides = ("--set", "sampler.num_inference_workers=1", "--set", "sampler.num_splits=2",
+                     "--set", "sampler.env_pool=per_worker")
     if variant == "learner_shards":  # the pieces' gradients are summed in a fixed order, whichever thread ends first
         overrides += ("--set", "system.learner_shards=2", "--set", "algo.minibatch_unit=samples",
                       "--set", "algo.num_minibatches=4")
@@ -36,10 +40,13 @@ def test_serial_mode_is_bit_reproducible(tmp_path, variant):
 @pytest.mark.parametrize("preset, overrides", [
     ("cartpole", ()),
     ("cartpole", ("--set", "sampler.num_splits=2")),  # double buffering
+    # the native loop calls the shared envpool's recv itself
+    ("cartpole", ("--set", "sampler.num_splits=2", "--set", "sampler.env_pool=per_worker")),
     ("mujoco_halfcheetah", ("--set", "run.train_for_env_steps=30000")),  # clipped float64 actions, scaled rewards
-], ids=["cartpole", "cartpole_2_splits", "halfcheetah"])
+], ids=["cartpole", "cartpole_2_splits", "cartpole_shared_envpool", "halfcheetah"])
 def test_native_rollout_steps_train_bit_for_bit_as_the_python_steps(tmp_path, preset, overrides):
     """fastrl_ext._rollout runs the steps between slot boundaries; pump every step (its reference)."""
     native = _losses(tmp_path, "native", *overrides, preset=preset)
     python = _losses(tmp_path, "python", *overrides, "--set", "system.native_rollout_loop=false", preset=preset)
     assert len(native) >= 10 and native == python
+

@@ -27,7 +27,8 @@ from fastrl.bench.measure import Spread, TreeSampler, spread, window_rates
 from fastrl.config.checks import envs_per_split, inference_batch_size, resolve_encoder, rollout_workers_act
 from fastrl.config.hardware import resolve_learner_split
 from fastrl.config.schema import Config
-from fastrl.envs import EnvSpec, make_split
+from fastrl.envs import EnvSpec, make_groups
+from fastrl.envs.vector import shares_one_envpool
 from fastrl.workers.learner import build_learner_model
 from fastrl.workers.process import keep_freed_heap, name_process_and_die_with_parent
 
@@ -64,8 +65,7 @@ def env_worker(cfg: Config, spec: EnvSpec, index: int, counters) -> None:
     torch.set_num_threads(1)
     n_envs = envs_per_split(cfg)
     seed = cfg.run.seed * 1_000_003 + index * cfg.sampler.num_envs_per_worker
-    envs = [make_split(cfg.env, spec, n_envs, cfg.sampler.env_threads, seed + s * n_envs)
-            for s in range(cfg.sampler.num_splits)]
+    envs = make_groups(cfg.env, spec, cfg.sampler, seed)  # the rollout workers' layout (sampler.env_pool)
     rng = np.random.default_rng(seed)
     pool = [random_actions(spec, n_envs, rng) for _ in range(ACTION_POOL)]
     for env in envs:
@@ -133,9 +133,10 @@ def bench_env(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) ->
             if p.is_alive():
                 p.kill()
     cpu_s = sampler.cpu_seconds()
+    threads_per_worker = 1 if shares_one_envpool(cfg.sampler, spec) else cfg.sampler.num_splits * cfg.sampler.env_threads
     return ComponentResult(spread(window_rates(points, max(1.0, seconds / 10))), count / max(cpu_s, 1e-9),
                            cpu_s / wall, wall, {"envs": workers * cfg.sampler.num_envs_per_worker,
-                                          "env_threads_total": workers * cfg.sampler.num_splits * cfg.sampler.env_threads})
+                                          "env_threads_total": workers * threads_per_worker})
 
 
 def random_obs(spec: EnvSpec, shape: tuple, gen: torch.Generator) -> torch.Tensor:

@@ -23,6 +23,7 @@ def counts(cfg: Config) -> dict:
     s = cfg.sampler
     return {"num_rollout_workers": s.num_rollout_workers, "num_envs_per_worker": s.num_envs_per_worker,
             "num_splits": s.num_splits, "envs_per_split": envs_per_split(cfg), "env_threads": s.env_threads,
+            "env_pool": s.env_pool,
             "rollout_len": s.rollout_len, "num_inference_workers": s.num_inference_workers,
             "batch_size": cfg.algo.batch_size, "epochs": cfg.algo.num_epochs,
             "minibatches": cfg.algo.num_minibatches, "learner_threads": cfg.system.learner_threads,

@@ -99,6 +99,10 @@ def check_config(cfg: Config) -> list[str]:
             problems.append(f"{key} must be >= 0, got {value}")
     if r.train_for_seconds is not None and r.train_for_seconds <= 0:
         problems.append(f"run.train_for_seconds must be > 0 or null, got {r.train_for_seconds}")
+    if s.env_pool == "per_worker" and s.env_threads != 1:
+        problems.append(f"sampler.env_pool=per_worker steps a worker's groups in one envpool on one thread, so that "
+                        f"each group gets its own envs back in the order it sent them: set sampler.env_threads=1 "
+                        f"(got {s.env_threads}), or env_pool=per_group")
     if sysc.rollout_pinning == "always" and not rollout_workers_act(cfg):
         problems.append(f"system.rollout_pinning=always keeps each rollout worker on one core, whose time it would "
                         f"idle waiting for an inference process's actions: set sampler.num_inference_workers=0, "

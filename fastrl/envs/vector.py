@@ -1,4 +1,5 @@
-"""One split of envs behind a uniform send/recv interface, whichever backend steps them.
+"""A rollout worker's groups ("splits") of envs behind one send/recv interface, whichever backend steps
+them: an envpool per group, one envpool shared by a worker's groups (sampler.env_pool), or gymnasium.
 
 Both backends follow envpool's auto-reset: the call after a terminated or truncated step is a
 reset step whose action is ignored. `recv` also returns what is reported to the user: the
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastrl.config.schema import EnvConfig
+from fastrl.config.schema import EnvConfig, SamplerConfig
 from fastrl.envs.spec import EnvSpec, gymnasium_with_fastrl_envs
 
 
@@ -159,6 +160,91 @@ class EnvpoolSplit:
         self._env.close()
 
 
+class SharedEnvpool:
+    """One envpool instance holding every group of a rollout worker (`sampler.env_pool: per_worker`).
+
+    envpool's async mode with batch_size = envs per group and a single C++ thread: the thread steps
+    envs in the order their actions were sent and `recv` hands back the first batch_size finished,
+    so a group that sends its envs' actions gets exactly those envs back, as long as the groups collect
+    in the order they sent (the rollout loop's alternation does). With more threads envs of different
+    groups would finish interleaved and a batch would mix them, hence one thread. Against one envpool
+    per group, the worker runs one env thread instead of one per group: fewer runnable threads for
+    two cores to share and balance (bench/README, stop 49).
+    """
+
+    def __init__(self, env_cfg: EnvConfig, spec: EnvSpec, num_groups: int, envs_per_group: int, seed: int):
+        from fastrl.envs.envpool_loader import load_envpool
+
+        self.env = load_envpool(spec.env_id).make(spec.env_id, env_type="gymnasium",
+                                                  num_envs=num_groups * envs_per_group, batch_size=envs_per_group,
+                                                  num_threads=1, seed=seed, **env_cfg.kwargs)
+        self.reset_sent = False
+        self.open_groups = num_groups
+
+
+class PooledGroup:
+    """Group `group` of a SharedEnvpool, with EnvpoolSplit's interface: envs group * n .. group * n + n - 1,
+    whose ids come back as 0..n-1, so the recorders take its steps as they take a split's own."""
+
+    def __init__(self, pool: SharedEnvpool, group: int, num_envs: int, direct: bool = True):
+        self.pool, self.group, self.num_envs = pool, group, num_envs
+        self.first_id = group * num_envs
+        self._ids = np.arange(self.first_id, self.first_id + num_envs, dtype=np.int32)
+        self._direct = _DirectCalls(pool.env, self._ids) if direct and _DirectCalls.supported(pool.env) else None
+        if self._direct is not None:
+            # fastrl_ext._rollout calls this through raw_calls, so the ids are checked and made local there too
+            envpool_recv, id_position = self._direct.recv_raw, self._direct.positions[4]
+
+            def recv_own_envs() -> list:
+                values = envpool_recv()
+                values[id_position] = self._local_ids(values[id_position])
+                return values
+
+            self._direct.recv_raw = recv_own_envs
+
+    # EnvpoolSplit's own: both read only self._direct
+    direct = EnvpoolSplit.direct
+    raw_calls = EnvpoolSplit.raw_calls
+
+    def _local_ids(self, env_id: np.ndarray) -> np.ndarray:
+        local = env_id - self.first_id
+        if local.min() < 0 or local.max() >= self.num_envs:
+            raise RuntimeError(f"group {self.group} of a shared envpool collected envs {env_id.min()}..{env_id.max()}, "
+                               f"not its own {self.first_id}..{self.first_id + self.num_envs - 1}: the groups must be "
+                               "reset and collected in the order they sent")
+        return local
+
+    def reset(self) -> Step:
+        """The first group's reset resets every env of the pool; each group then collects its own, in order."""
+        if not self.pool.reset_sent:
+            self.pool.env.async_reset()
+            self.pool.reset_sent = True
+        return self.recv()
+
+    def send(self, actions: np.ndarray) -> None:
+        if self._direct is not None:
+            self._direct.send(actions)
+        else:
+            self.pool.env.send(actions, self._ids)
+
+    def recv_raw(self) -> tuple:
+        """As EnvpoolSplit.recv_raw, env ids local to the group."""
+        if self._direct is not None:
+            return self._direct.recv()
+        obs, reward, terminated, truncated, info = self.pool.env.recv()
+        atari = "lives" in info
+        return (obs, reward, terminated | truncated, truncated, self._local_ids(info["env_id"]),
+                info["reward"] if atari else None, info["terminated"] if atari else None)
+
+    def recv(self) -> Step:
+        return step_from_raw(*self.recv_raw())
+
+    def close(self) -> None:
+        self.pool.open_groups -= 1
+        if self.pool.open_groups == 0:
+            self.pool.env.close()
+
+
 class GymnasiumSplit:
     """gymnasium envs stepped in this process; for ids envpool does not have."""
 
@@ -191,3 +277,21 @@ class GymnasiumSplit:
 def make_split(env_cfg: EnvConfig, spec: EnvSpec, num_envs: int, num_threads: int, seed: int):
     cls = EnvpoolSplit if spec.backend == "envpool" else GymnasiumSplit
     return cls(env_cfg, spec, num_envs, num_threads, seed)
+
+
+def shares_one_envpool(sampler: SamplerConfig, spec: EnvSpec) -> bool:
+    """Whether a rollout worker's groups are batches of one SharedEnvpool (one env thread per worker)."""
+    return sampler.env_pool == "per_worker" and spec.backend == "envpool"
+
+
+def make_groups(env_cfg: EnvConfig, spec: EnvSpec, sampler: SamplerConfig, seed: int, first_only: bool = False) -> list:
+    """A rollout worker's groups of envs, env i of group g seeded `seed + g * n + i` in either layout
+    (sampler.env_pool). `first_only`: only the first group where each group is its own envpool (a worker
+    builds the others later); one shared envpool makes every group's envs at once anyway. gymnasium groups
+    step in the worker's own thread, so there is no pool to share and each group is its own."""
+    n = sampler.num_envs_per_worker // sampler.num_splits
+    if shares_one_envpool(sampler, spec):
+        pool = SharedEnvpool(env_cfg, spec, sampler.num_splits, n, seed)
+        return [PooledGroup(pool, g, n) for g in range(sampler.num_splits)]
+    return [make_split(env_cfg, spec, n, sampler.env_threads, seed + g * n)
+            for g in range(1 if first_only else sampler.num_splits)]

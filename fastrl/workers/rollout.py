@@ -5,7 +5,8 @@ inference worker, the previous group is stepping in envpool's C++ threads: the l
 group's actions, then collects the group sent before it. A slot holds one group's rollout of
 T steps; when it is full the slot index goes to the learner and the group continues in a slot
 taken from the free queue, carrying the bootstrap observation over as the new slot's first.
-Only the first group is built at start, the others once it has filled a batch's worth of slots:
+Where each group is its own envpool, only the first is built at start, the others once it has filled
+a batch's worth of slots (one envpool shared by the groups makes all their envs at once):
 the first sample and the first trained batch need one group, and building envs can take seconds
 (Atari).
 
@@ -25,7 +26,8 @@ import numpy as np
 from fastrl.algo.reward_scaling import ReturnScaler
 from fastrl.buffers.control import NO_OWNER
 from fastrl.config.checks import envs_per_split, rollout_workers_act, slots_per_batch
-from fastrl.envs import make_split
+from fastrl.envs import make_groups, make_split
+from fastrl.envs.vector import PooledGroup
 from fastrl.ipc import put_report, wait_any
 from fastrl.workers.native_steps import NativeSteps, unavailable_reason
 from fastrl.workers.recording import make_recorder
@@ -81,12 +83,12 @@ class RolloutWorker:
         # palette tables), and the first sample, hence the first trained batch, needs one group only:
         # on the Pong preset this brings both ~1.5 s earlier.
         if self._on_first_sample_path():
-            self.envs = [self._make_group(0)]
+            self.envs = self._make_first_groups()
             self._lower_priority()
         else:  # the learner, or a running pipeline, comes before this worker's envs
             self._wait_for_first_sample()
             self._lower_priority()
-            self.envs = [self._make_group(0)]
+            self.envs = self._make_first_groups()
         self.slots_handed_over = 0
         # the first trained batch needs this many slots; the learner, starting at the first sample,
         # gets them sooner from groups that keep stepping than from groups stopped to make envs
@@ -133,6 +135,11 @@ class RolloutWorker:
     def _lower_priority(self) -> None:
         if self.block:  # a worker process; the serial driver's workers live in the runner's
             lower_priority(self.ctx.cfg.system.rollout_nice, self.ctx.cfg.system.rollout_sched_policy)
+
+    def _make_first_groups(self) -> list:
+        """The first group, or every group where they share one envpool (sampler.env_pool), which makes all
+        their envs at once: then nothing is left to build later."""
+        return make_groups(self.ctx.cfg.env, self.ctx.spec, self.ctx.cfg.sampler, seed=self.first_env, first_only=True)
 
     def _make_group(self, split: int):
         cfg = self.ctx.cfg
@@ -290,8 +297,10 @@ class RolloutWorker:
     def run(self) -> None:
         try:
             self.start()  # a stop can arrive while waiting for a first free slot: waits raise Stopped
-            self.log.info("%d x %d envs reset, first actions requested, %.1f s after process start, nice %d%s%s",
-                          len(self.envs), self.num_envs, seconds_since_process_start(), os.nice(0),
+            self.log.info("%d x %d envs reset%s, first actions requested, %.1f s after process start, nice %d%s%s",
+                          len(self.envs), self.num_envs,
+                          " (one shared envpool)" if isinstance(self.envs[0], PooledGroup) else "",
+                          seconds_since_process_start(), os.nice(0),
                           "" if self.ctx.cfg.system.rollout_sched_policy == "normal"
                           else f", {SCHED_POLICIES[self.ctx.cfg.system.rollout_sched_policy]}",
                           ", steps between slot boundaries in one C++ call" if self.native_steps

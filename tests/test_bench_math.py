@@ -223,6 +223,9 @@ def test_knob_moves_stay_in_range():
     assert (k.move(32, True), k.move(32, False), k.move(64, True), k.move(4, False)) == (64, 16, None, None)
     t = Knob("system.learner_threads", "+1", 1, 2)
     assert (t.move(1, True), t.move(1, False), t.move(2, True)) == (2, None, None)
+    pool = Knob("sampler.env_pool", "toggle", choices=("per_group", "per_worker"))
+    assert (pool.move("per_group", True), pool.move("per_worker", True), pool.move("per_group", False)) == \
+        ("per_worker", "per_group", None)
 
 
 def test_trial_rate_is_median_of_its_measurements_and_batch_changes_are_flagged():

@@ -1,8 +1,8 @@
 """`fastrl tune`: hill-climbs the counts that decide throughput on this box, one knob at a time,
 with short trials of the real training system.
 
-Only speed settings move: rollout workers, envs per worker, splits, envpool threads, inference
-workers, torch threads per process, and the batch size (flagged: it changes the size of each
+Only speed settings move: rollout workers, envs per worker, splits, envpool threads and whether a
+worker's splits share one envpool, inference workers, torch threads per process, and the batch size (flagged: it changes the size of each
 update, so it is reported as an algorithm change). Learning rate, clip, gamma and the rest are
 never touched. Pruning: a trial is cut at half time when it runs below PRUNE_BELOW of the best so
 far, and a direction that did not help (x2 worse) is not extended (x4 never tried). At the end
@@ -37,17 +37,20 @@ CONFIRM_ROUNDS = 2  # extra alternating measurements of preset and winner
 @dataclass(frozen=True)
 class Knob:
     key: str                 # section.name
-    step: str                # "x2": double / halve; "+1": add / subtract one
-    lo: int
-    hi: int
+    step: str                # "x2": double / halve; "+1": add / subtract one; "toggle": the other of two `choices`
+    lo: int = 0
+    hi: int = 0
     changes_algorithm: bool = False
+    choices: tuple = ()
 
-    def get(self, cfg: Config) -> int:
+    def get(self, cfg: Config) -> int | str:
         section, name = self.key.split(".")
         return getattr(getattr(cfg, section), name)
 
-    def move(self, value: int, up: bool) -> int | None:
-        """The next value in one direction, or None past the knob's range."""
+    def move(self, value: int | str, up: bool) -> int | str | None:
+        """The next value in one direction, or None past the knob's range (a toggle moves up only)."""
+        if self.step == "toggle":
+            return next(c for c in self.choices if c != value) if up else None
         if self.step == "x2":
             nxt = value * 2 if up else value // 2
         else:
@@ -63,6 +66,7 @@ def knobs(cores: int) -> list[Knob]:
             Knob("sampler.num_splits", "x2", 1, 8),
             Knob("sampler.num_inference_workers", "+1", 0, 2 * cores),
             Knob("system.inference_threads", "+1", 1, cores),
+            Knob("sampler.env_pool", "toggle", choices=("per_group", "per_worker")),
             Knob("sampler.env_threads", "+1", 1, cores),
             Knob("algo.batch_size", "x2", 64, 65536, changes_algorithm=True)]
 

@@ -182,12 +182,13 @@ class SharedEnvpool:
         self.open_groups = num_groups
 
 
-class PooledGroup:
-    """Group `group` of a SharedEnvpool, with EnvpoolSplit's interface: envs group * n .. group * n + n - 1,
-    whose ids come back as 0..n-1, so the recorders take its steps as they take a split's own."""
+class PooledGroup(EnvpoolSplit):
+    """Group `group` of a SharedEnvpool: envs group * n .. group * n + n - 1, through EnvpoolSplit's calls on the
+    shared instance, whose ids come back as 0..n-1, so the recorders take its steps as they take a split's own."""
 
     def __init__(self, pool: SharedEnvpool, group: int, num_envs: int, direct: bool = True):
         self.pool, self.group, self.num_envs = pool, group, num_envs
+        self._env = pool.env
         self.first_id = group * num_envs
         self._ids = np.arange(self.first_id, self.first_id + num_envs, dtype=np.int32)
         self._direct = _DirectCalls(pool.env, self._ids) if direct and _DirectCalls.supported(pool.env) else None
@@ -202,10 +203,6 @@ class PooledGroup:
 
             self._direct.recv_raw = recv_own_envs
 
-    # EnvpoolSplit's own: both read only self._direct
-    direct = EnvpoolSplit.direct
-    raw_calls = EnvpoolSplit.raw_calls
-
     def _local_ids(self, env_id: np.ndarray) -> np.ndarray:
         local = env_id - self.first_id
         if local.min() < 0 or local.max() >= self.num_envs:
@@ -217,32 +214,21 @@ class PooledGroup:
     def reset(self) -> Step:
         """The first group's reset resets every env of the pool; each group then collects its own, in order."""
         if not self.pool.reset_sent:
-            self.pool.env.async_reset()
+            self._env.async_reset()
             self.pool.reset_sent = True
         return self.recv()
 
-    def send(self, actions: np.ndarray) -> None:
-        if self._direct is not None:
-            self._direct.send(actions)
-        else:
-            self.pool.env.send(actions, self._ids)
-
     def recv_raw(self) -> tuple:
-        """As EnvpoolSplit.recv_raw, env ids local to the group."""
-        if self._direct is not None:
-            return self._direct.recv()
-        obs, reward, terminated, truncated, info = self.pool.env.recv()
-        atari = "lives" in info
-        return (obs, reward, terminated | truncated, truncated, self._local_ids(info["env_id"]),
-                info["reward"] if atari else None, info["terminated"] if atari else None)
-
-    def recv(self) -> Step:
-        return step_from_raw(*self.recv_raw())
+        """As EnvpoolSplit.recv_raw, env ids local to the group (the direct calls' recv makes them so)."""
+        raw = super().recv_raw()
+        if self._direct is None:
+            raw = (*raw[:4], self._local_ids(raw[4]), *raw[5:])
+        return raw
 
     def close(self) -> None:
         self.pool.open_groups -= 1
         if self.pool.open_groups == 0:
-            self.pool.env.close()
+            self._env.close()
 
 
 class GymnasiumSplit:

@@ -2,9 +2,9 @@
 with short trials of the real training system.
 
 Only speed settings move: rollout workers, envs per worker, splits, envpool threads and whether a
-worker's splits share one envpool, inference workers, torch threads per process, and the batch size (flagged: it changes the size of each
-update, so it is reported as an algorithm change). Learning rate, clip, gamma and the rest are
-never touched. Pruning: a trial is cut at half time when it runs below PRUNE_BELOW of the best so
+worker's splits share one envpool, inference workers, torch threads per process, and the batch size
+(flagged: it changes the size of each update, so it is reported as an algorithm change). Learning
+rate, clip, gamma and the rest are never touched. Pruning: a trial is cut at half time when it runs below PRUNE_BELOW of the best so
 far, and a direction that did not help (x2 worse) is not extended (x4 never tried). At the end
 the preset and the winner are measured again alternately, so the comparison is side by side.
 """

@@ -6,6 +6,6 @@ import warnings
 warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")
 
 from fastrl.envs.spec import EnvError, EnvSpec, resolve_env
-from fastrl.envs.vector import Step, make_groups, make_split
+from fastrl.envs.vector import Step, make_group, make_groups, make_split
 
-__all__ = ["EnvError", "EnvSpec", "Step", "make_groups", "make_split", "resolve_env"]
+__all__ = ["EnvError", "EnvSpec", "Step", "make_group", "make_groups", "make_split", "resolve_env"]

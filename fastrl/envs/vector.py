@@ -270,14 +270,20 @@ def shares_one_envpool(sampler: SamplerConfig, spec: EnvSpec) -> bool:
     return sampler.env_pool == "per_worker" and spec.backend == "envpool"
 
 
+def make_group(env_cfg: EnvConfig, spec: EnvSpec, sampler: SamplerConfig, seed: int, group: int):
+    """Group `group` of a rollout worker as its own envpool (or gymnasium envs), env i seeded `seed + group * n + i`:
+    the seeds a SharedEnvpool gives the same envs."""
+    n = sampler.num_envs_per_worker // sampler.num_splits
+    return make_split(env_cfg, spec, n, sampler.env_threads, seed + group * n)
+
+
 def make_groups(env_cfg: EnvConfig, spec: EnvSpec, sampler: SamplerConfig, seed: int, first_only: bool = False) -> list:
     """A rollout worker's groups of envs, env i of group g seeded `seed + g * n + i` in either layout
     (sampler.env_pool). `first_only`: only the first group where each group is its own envpool (a worker
-    builds the others later); one shared envpool makes every group's envs at once anyway. gymnasium groups
-    step in the worker's own thread, so there is no pool to share and each group is its own."""
-    n = sampler.num_envs_per_worker // sampler.num_splits
+    builds the others later, with make_group); one shared envpool makes every group's envs at once anyway.
+    gymnasium groups step in the worker's own thread, so there is no pool to share and each group is its own."""
     if shares_one_envpool(sampler, spec):
+        n = sampler.num_envs_per_worker // sampler.num_splits
         pool = SharedEnvpool(env_cfg, spec, sampler.num_splits, n, seed)
         return [PooledGroup(pool, g, n) for g in range(sampler.num_splits)]
-    return [make_split(env_cfg, spec, n, sampler.env_threads, seed + g * n)
-            for g in range(1 if first_only else sampler.num_splits)]
+    return [make_group(env_cfg, spec, sampler, seed, g) for g in range(1 if first_only else sampler.num_splits)]

@@ -26,7 +26,7 @@ import numpy as np
 from fastrl.algo.reward_scaling import ReturnScaler
 from fastrl.buffers.control import NO_OWNER
 from fastrl.config.checks import envs_per_split, rollout_workers_act, slots_per_batch
-from fastrl.envs import make_groups, make_split
+from fastrl.envs import make_group, make_groups
 from fastrl.envs.vector import PooledGroup
 from fastrl.ipc import put_report, wait_any
 from fastrl.workers.native_steps import NativeSteps, unavailable_reason
@@ -141,15 +141,11 @@ class RolloutWorker:
         their envs at once: then nothing is left to build later."""
         return make_groups(self.ctx.cfg.env, self.ctx.spec, self.ctx.cfg.sampler, seed=self.first_env, first_only=True)
 
-    def _make_group(self, split: int):
-        cfg = self.ctx.cfg
-        return make_split(cfg.env, self.ctx.spec, self.num_envs, cfg.sampler.env_threads,
-                          seed=self.first_env + split * self.num_envs)
-
     def _build_other_groups(self) -> None:
         started = time.perf_counter()
         while len(self.envs) < self.num_splits:
-            self.envs.append(self._make_group(len(self.envs)))
+            self.envs.append(make_group(self.ctx.cfg.env, self.ctx.spec, self.ctx.cfg.sampler, self.first_env,
+                                        len(self.envs)))
         self.log.info("built the other %d group(s) of %d envs in %.1f s, after handing over %d slot(s)",
                       self.num_splits - 1, self.num_envs, time.perf_counter() - started, self.slots_handed_over)
 

@@ -3,8 +3,9 @@
 
 1. Worker kills: one `fastrl train` run; every --every-s seconds a random rollout or inference
    worker gets SIGKILL. Per kill: time until the runner had replaced it (train.log), time until
-   env steps/s was back to 90% of the 10 s before the kill, env steps/s before and after
-   (medians of 1 s windows), env steps lost (the dead worker's in-flight rollout).
+   env steps/s was back to 90% of the 10 s before the kill, env steps/s before and after (each over
+   a 10 s window: a learner-bound run moves its counter a batch at a time), env steps lost (the dead
+   worker's in-flight rollout).
 2. Whole-run kills: --resumes times, start or resume a run, SIGKILL the runner at a random moment
    (checkpoints every 2 s, so some kills land during a save), check its children exit by
    themselves within 2 s, then resume: the counters must continue from the newest checkpoint.
@@ -34,6 +35,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 FASTRL = [sys.executable, "-m", "fastrl", "train"]
+RECOVERY_WINDOW_S = 10.0
 
 
 def titles(pid: int) -> dict[int, str]:
@@ -56,14 +58,31 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def rate_series(rows: list[dict], t0_wall: float) -> list[tuple[float, float]]:
-    """(seconds since t0, env steps/s over the last 1 s) from metrics.jsonl rows."""
-    out = []
-    for a, b in zip(rows, rows[1:]):
-        dt = b["wall_s"] - a["wall_s"]
-        if dt > 0:
-            out.append((b["wall_s"] - t0_wall, (b["env_steps"] - a["env_steps"]) / dt))
-    return out
+def counter_series(rows: list[dict]) -> list[tuple[float, int]]:
+    """(seconds since the runner's first log line, env steps so far) from metrics.jsonl rows."""
+    return [(r["wall_s"], r["env_steps"]) for r in rows]
+
+
+def window_rate(counts: list[tuple[float, int]], start_s: float, end_s: float) -> float | None:
+    """Env steps/s between the last rows at or before `start_s` and `end_s`. Over a window, not a
+    median of 1 s rates: a learner-bound run (Pong) moves its counter a batch at a time, every 1-2 s,
+    so most 1 s windows read 0 or a whole batch."""
+    a = next((c for c in reversed(counts) if c[0] <= start_s), None)
+    b = next((c for c in reversed(counts) if c[0] <= end_s), None)
+    if a is None or b is None or b[0] <= a[0] or b[0] < end_s - 2.0:  # no row near the end: the run had ended
+        return None
+    return (b[1] - a[1]) / (b[0] - a[0])
+
+
+def rates_around_kill(counts: list[tuple[float, int]], kill_s: float) -> tuple:
+    """(env steps/s over the 10 s before the kill, over 10-20 s after it, seconds until recovered or None).
+    Recovered: the first row after the kill from which the next RECOVERY_WINDOW_S run at 90% of the rate
+    before (a window looking forward: one looking back would still hold the steps before the kill)."""
+    base = window_rate(counts, kill_s - 10, kill_s)
+    after = window_rate(counts, kill_s + 10, kill_s + 20)
+    recovered = next((t - kill_s for t, _ in counts if t > kill_s + 0.5 and base and
+                      (window_rate(counts, t, t + RECOVERY_WINDOW_S) or 0) >= 0.9 * base), None)
+    return base, after, recovered
 
 
 def worker_kills(config: str, duration_s: float, every_s: float, runs_dir: Path, rng: random.Random) -> dict:
@@ -97,22 +116,19 @@ def worker_kills(config: str, duration_s: float, every_s: float, runs_dir: Path,
             t = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp() + int(ms) / 1000
             replaced.append((t, m.group(3) or m.group(7), int(m.group(4)) if m.group(4) else None))
     rows = read_metrics(run_dir)
-    series = rate_series(rows, 0.0)
+    counts = counter_series(rows)
     first = re.match(r"(\S+ \S+),(\d+)", log[0])
     launch_wall = datetime.strptime(first.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(first.group(2)) / 1000
     per_kill = []
     for k_s, title, k_wall in kills:
         rep = next((r for r in replaced if r[0] >= k_wall - 0.5 and r[1] == title), None)
         k_run = k_wall - launch_wall  # metrics.jsonl's wall_s counts from the runner's first log line
-        before = [r for t, r in series if k_run - 10 <= t < k_run]
-        after = [r for t, r in series if k_run + 10 <= t < k_run + 20]
-        base = statistics.median(before) if before else None
-        recovered = next((t - k_run for t, r in series if t > k_run + 0.5 and base and r >= 0.9 * base), None)
+        base, after, recovered = rates_around_kill(counts, k_run)
         per_kill.append({"worker": title, "at_s": round(k_s, 1),
                          "replaced_after_s": None if rep is None else round(rep[0] - k_wall, 2),
                          "recovered_after_s": None if recovered is None else round(recovered, 1),
                          "env_steps_per_s_before": None if base is None else round(base),
-                         "env_steps_per_s_after": round(statistics.median(after)) if after else None,
+                         "env_steps_per_s_after": None if after is None else round(after),
                          "env_steps_lost": None if rep is None else rep[2]})
     rec = [k["recovered_after_s"] for k in per_kill if k["recovered_after_s"] is not None]
     rep_t = [k["replaced_after_s"] for k in per_kill if k["replaced_after_s"] is not None]

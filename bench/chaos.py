@@ -35,7 +35,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 FASTRL = [sys.executable, "-m", "fastrl", "train"]
-RECOVERY_WINDOW_S = 10.0
+WINDOW_S = 10.0  # the rates around a kill are each over this long: see window_rate
 
 
 def titles(pid: int) -> dict[int, str]:
@@ -75,13 +75,13 @@ def window_rate(counts: list[tuple[float, int]], start_s: float, end_s: float) -
 
 
 def rates_around_kill(counts: list[tuple[float, int]], kill_s: float) -> tuple:
-    """(env steps/s over the 10 s before the kill, over 10-20 s after it, seconds until recovered or None).
-    Recovered: the first row after the kill from which the next RECOVERY_WINDOW_S run at 90% of the rate
-    before (a window looking forward: one looking back would still hold the steps before the kill)."""
-    base = window_rate(counts, kill_s - 10, kill_s)
-    after = window_rate(counts, kill_s + 10, kill_s + 20)
+    """(env steps/s over the WINDOW_S before the kill, over the next WINDOW_S from WINDOW_S after it, seconds
+    until recovered or None). Recovered: the first row after the kill from which the next WINDOW_S run at 90%
+    of the rate before (a window looking forward: one looking back would still hold the steps before the kill)."""
+    base = window_rate(counts, kill_s - WINDOW_S, kill_s)
+    after = window_rate(counts, kill_s + WINDOW_S, kill_s + 2 * WINDOW_S)
     recovered = next((t - kill_s for t, _ in counts if t > kill_s + 0.5 and base and
-                      (window_rate(counts, t, t + RECOVERY_WINDOW_S) or 0) >= 0.9 * base), None)
+                      (window_rate(counts, t, t + WINDOW_S) or 0) >= 0.9 * base), None)
     return base, after, recovered
 
 

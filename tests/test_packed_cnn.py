@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fastrl.buffers import SharedWeights, ShmAllocator
+from fastrl.config.hardware import cpu_flags
 from fastrl.config.loader import load_config
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
@@ -25,9 +26,15 @@ pytestmark = pytest.mark.skipif(packed_forward(ActorCritic(PONG, ModelConfig(**C
 
 
 # oneDNN runs bf16 convolutions only with AVX-512 (bw, vl, dq) or AVX-NE-CONVERT: elsewhere its weight
-# reorder raises, packed_forward returns None, and a bf16 network acts eagerly (checked below either way)
-BF16_PACKS = packed_forward(ActorCritic(PONG, ModelConfig(**CNN, precision="bf16")).for_inference(),
-                            PONG.obs_shape, 16) is not None
+# reorder raises, packed_forward returns None, and a bf16 network acts eagerly (checked below either way).
+# Decided from the CPU's flags, not by asking packed_forward, so that a packed_forward broken on a CPU
+# that can pack bf16 fails these tests instead of skipping them.
+_FLAGS = cpu_flags()
+if _FLAGS is not None:
+    BF16_PACKS = {"avx512bw", "avx512vl", "avx512dq"} <= _FLAGS or "avx_ne_convert" in _FLAGS
+else:  # no /proc/cpuinfo flags to go by
+    BF16_PACKS = packed_forward(ActorCritic(PONG, ModelConfig(**CNN, precision="bf16")).for_inference(),
+                                PONG.obs_shape, 16) is not None
 needs_bf16_packing = pytest.mark.skipif(not BF16_PACKS, reason="oneDNN has no packed bf16 convolution on this CPU "
                                         "(it needs AVX-512 or AVX-NE-CONVERT)")
 

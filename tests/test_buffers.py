@@ -99,12 +99,20 @@ def test_publish_writes_the_state_dict_in_order_and_follows_replaced_tensors():
         weights = SharedWeights.allocate(alloc, src)
         weights.publish(src, version=1)
         assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        assert weights._plan.copies is not None  # the strided weight is read in place, not through torch.cat
         # after the first publication: an optimizer step in place, a parameter whose data was
         # swapped, a buffer reassigned; each must be what the next publication carries
         with torch.no_grad():
             src.head.weight.add_(1.0)
         src.conv.bias.data = torch.full((3,), 5.0)
         src.scale = torch.full((4,), -2.0)
+        weights.publish(src, version=2)
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        # the same storage and address seen through other strides: other values in logical order
+        conv_weight = src.conv.weight.data
+        src.conv.weight.data = conv_weight.as_strided(conv_weight.shape, torch.empty(conv_weight.shape).stride())
+        assert src.conv.weight.data_ptr() == conv_weight.data_ptr()
+        assert not torch.equal(src.conv.weight, conv_weight)
         weights.publish(src, version=2)
         assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
         staging = weights.new_staging()

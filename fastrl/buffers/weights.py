@@ -60,42 +60,57 @@ class LayoutTensors:
 
 
 class PublishPlan:
-    """The copies that write a module's tensors into the block, where every tensor is float32, contiguous
-    and on the CPU: one `np.copyto` per run of tensors adjacent in one storage, in the block's order.
+    """The copies that write a module's tensors into the block, where every tensor is float32 and on the
+    CPU: one `np.copyto` per run of contiguous tensors adjacent in one storage, in the block's order, and
+    one per other tensor (a channels-last conv weight), read through its strides into its logical order.
 
     Why: the MLP presets' learner publishes after every optimizer step, and its trained parameters are
     views of one flat buffer (fastrl.algo.flat_params), laid out in the block's order: their 12 layer
     tensors are one run, HalfCheetah's log-std and the observation normaliser's three buffers four more.
     A publication of HalfCheetah's model took 25 µs with `torch.cat` over the 17 tensors, 5.5 with these
-    five copies and the address check (ad hoc, timeit), of a ~435 µs optimizer step. Made again when a
-    tensor moves (by address)."""
+    five copies and the address check (ad hoc, timeit), of a ~435 µs optimizer step. The Pong CNN's
+    channels-last conv weights went through `torch.cat`, which first copies each into a new contiguous
+    tensor: 883 and 927 µs a publication against 713 and 773 through their strides (two runs, medians of
+    20 alternated publications, caches evicted before each, 1 thread, AVX2 EPYC; the learner publishes ~30
+    times a second, so ~0.2% of its time). Made again when a tensor moves (by address) or a strided
+    tensor's strides change."""
 
     def __init__(self, tensors: list, block: np.ndarray):
         import torch
 
         self.key = tuple(map(torch.Tensor.data_ptr, tensors))
+        # (index, strides) of the tensors read through their strides: a strided source array is only
+        # right while they hold, and a tensor's strides can change without its address changing
+        self.strided: list[tuple[int, tuple]] = []
         self.copies: list[tuple[np.ndarray, np.ndarray]] | None = None
-        if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors):
-            return  # torch.cat then: it casts, and writes a channels-last weight in its logical order
+        if not all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors):
+            return  # torch.cat then: it casts
         runs: list[list] = []  # [storage address, storage offset, elements, block offset, first tensor]
         at = 0
-        for t in tensors:
+        for i, t in enumerate(tensors):
             storage, offset, n = t.untyped_storage().data_ptr(), t.storage_offset(), t.numel()
             last = runs[-1] if runs else None
-            if last is not None and last[0] == storage and last[1] + last[2] == offset:
+            if not t.is_contiguous():
+                self.strided.append((i, t.stride()))
+                runs.append([None, offset, n, at, t])
+            elif last is not None and last[0] == storage and last[1] + last[2] == offset:
                 last[2] += n
             else:
                 runs.append([storage, offset, n, at, t])
             at += n
         self.copies = []
-        for _, offset, n, block_at, first in runs:
+        for storage, offset, n, block_at, first in runs:
+            if storage is None:  # written in its logical (state_dict) order, as torch.cat would
+                self.copies.append((first.detach().numpy(), block[block_at:block_at + n].reshape(first.shape)))
+                continue
             source = torch.empty(0, dtype=torch.float32).set_(first.untyped_storage(), offset, (n,))
             self.copies.append((source.detach().numpy(), block[block_at:block_at + n]))
 
     def matches(self, tensors: list) -> bool:
         import torch
 
-        return tuple(map(torch.Tensor.data_ptr, tensors)) == self.key
+        return (tuple(map(torch.Tensor.data_ptr, tensors)) == self.key
+                and all(tensors[i].stride() == strides for i, strides in self.strided))
 
 
 class SharedWeights:
@@ -177,7 +192,7 @@ class SharedWeights:
             for source, destination in self._plan.copies:
                 np.copyto(destination, source)
         else:
-            with torch.no_grad():  # reshape: a channels-last conv weight is written in its logical (state_dict) order
+            with torch.no_grad():  # reshape: a strided tensor is written in its logical (state_dict) order
                 torch.cat([t.reshape(-1) for t in tensors], out=torch.from_numpy(self.data.array))
         h[1] = version
         h[0] += 1  # even: consistent

@@ -170,6 +170,31 @@ def test_publish_copies_runs_of_adjacent_tensors_and_follows_moved_ones():
         alloc.unlink_all()
 
 
+class _Interleaved(torch.nn.Module):
+    """A strided parameter between two that are adjacent in one storage: the two must not merge into one
+    copy, or the second would land where the strided one belongs in the block."""
+
+    def __init__(self):
+        super().__init__()
+        flat = torch.arange(8.0)
+        self.first = torch.nn.Parameter(flat[:4])
+        self.middle = torch.nn.Parameter(torch.arange(100.0, 106.0).view(3, 2).t())  # not contiguous
+        self.last = torch.nn.Parameter(flat[4:])
+
+
+def test_publish_keeps_a_strided_tensor_between_neighbours_in_storage():
+    alloc = ShmAllocator()
+    try:
+        src = _Interleaved()
+        assert src.first.untyped_storage().data_ptr() == src.last.untyped_storage().data_ptr()
+        weights = SharedWeights.allocate(alloc, src)
+        weights.publish(src, version=1)
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        assert len(weights._plan.copies) == 3
+    finally:
+        alloc.unlink_all()
+
+
 def _attach_in_child(header_only: SharedWeights, result):
     """A process spawned holding only the header, as an inference worker of a fresh run is."""
     import time

@@ -85,24 +85,26 @@ class PublishPlan:
         self.copies: list[tuple[np.ndarray, np.ndarray]] | None = None
         if not all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors):
             return  # torch.cat then: it casts
+        copies = []
         runs: list[list] = []  # [storage address, storage offset, elements, block offset, first tensor]
         at = 0
         for i, t in enumerate(tensors):
-            storage, offset, n = t.untyped_storage().data_ptr(), t.storage_offset(), t.numel()
-            last = runs[-1] if runs else None
-            if not t.is_contiguous():
+            n = t.numel()
+            if not t.is_contiguous():  # into its logical (state_dict) order, as torch.cat would write it
                 self.strided.append((i, t.stride()))
-                runs.append([None, offset, n, at, t])
-            elif last is not None and last[0] == storage and last[1] + last[2] == offset:
+                copies.append((t.detach().numpy(), block[at:at + n].reshape(t.shape)))
+                at += n
+                continue
+            storage, offset = t.untyped_storage().data_ptr(), t.storage_offset()
+            last = runs[-1] if runs else None
+            # a run grows only where the tensor follows it both in storage and in the block
+            if last is not None and last[0] == storage and last[1] + last[2] == offset and last[3] + last[2] == at:
                 last[2] += n
             else:
                 runs.append([storage, offset, n, at, t])
             at += n
-        self.copies = []
-        for storage, offset, n, block_at, first in runs:
-            if storage is None:  # written in its logical (state_dict) order, as torch.cat would
-                self.copies.append((first.detach().numpy(), block[block_at:block_at + n].reshape(first.shape)))
-                continue
+        self.copies = copies
+        for _, offset, n, block_at, first in runs:
             source = torch.empty(0, dtype=torch.float32).set_(first.untyped_storage(), offset, (n,))
             self.copies.append((source.detach().numpy(), block[block_at:block_at + n]))
 

@@ -1,5 +1,7 @@
 """An inference worker's weight refresh: through a private staging copy (`try_read` + `load_into`,
-the GPU path) against straight from shared memory (`try_load`, the CPU path), CPU ms per refresh.
+the GPU path) against straight from shared memory (`try_load`, the CPU path), CPU ms per refresh;
+and the learner's publication (`publish`: one copy per run of tensors, strided ones through their
+strides) against `torch.cat` of the tensors reshaped, what it did for channels-last weights before.
 
     python bench/weights_microbench.py [--config configs/atari_pong.yaml] [--rounds 15]
 
@@ -65,8 +67,32 @@ def main() -> None:
             print(f"  {name:<38} {ms:7.3f} CPU ms per refresh")
         before, after = medians.values()
         print(f"  ratio {after / before:.2f}")
+        _time_publication(weights, learner_model, evict, args.rounds)
     finally:
         alloc.unlink_all()
+
+
+def _time_publication(weights: SharedWeights, model: torch.nn.Module, evict: torch.Tensor, rounds: int) -> None:
+    tensors = list(model.state_dict().values())  # the layout's order, the same tensors publish writes
+    block = torch.from_numpy(weights.data.array)
+
+    def through_cat():
+        with torch.no_grad():
+            torch.cat([t.reshape(-1) for t in tensors], out=block)
+
+    ways = {"torch.cat of the tensors reshaped": through_cat,
+            "publish (copies through strides)": lambda: weights.publish(model, version=2)}
+    wall_s: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(rounds + 1):
+        for name, write in ways.items():
+            evict.add_(1)
+            started = time.perf_counter()
+            write()
+            wall_s[name].append(time.perf_counter() - started)
+    strided = sum(not t.is_contiguous() for t in tensors)
+    print(f"the learner's publication of the same model ({strided} strided tensors), caches evicted before each:")
+    for name, v in wall_s.items():
+        print(f"  {name:<38} {1e6 * statistics.median(v[1:]):7.0f} µs per publication")
 
 
 if __name__ == "__main__":

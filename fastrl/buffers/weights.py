@@ -70,10 +70,9 @@ class PublishPlan:
     A publication of HalfCheetah's model took 25 µs with `torch.cat` over the 17 tensors, 5.5 with these
     five copies and the address check (ad hoc, timeit), of a ~435 µs optimizer step. The Pong CNN's
     channels-last conv weights went through `torch.cat`, which first copies each into a new contiguous
-    tensor: 883 and 927 µs a publication against 713 and 773 through their strides (two runs, medians of
-    20 alternated publications, caches evicted before each, 1 thread, AVX2 EPYC; the learner publishes ~30
-    times a second, so ~0.2% of its time). Made again when a tensor moves (by address) or a strided
-    tensor's strides change."""
+    tensor: 873 and 993 µs a publication against 779 and 867 through their strides (bench/weights_microbench.py
+    --rounds 21, two runs, caches evicted before each, AVX2 EPYC; the learner publishes ~30 times a second,
+    so ~0.1% of its time). Made again when a tensor moves (by address) or a strided tensor's strides change."""
 
     def __init__(self, tensors: list, block: np.ndarray):
         import torch

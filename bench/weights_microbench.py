@@ -19,7 +19,7 @@ import time
 import torch
 
 from fastrl.buffers.shm import ShmAllocator
-from fastrl.buffers.weights import SharedWeights
+from fastrl.buffers.weights import LayoutTensors, SharedWeights
 from fastrl.config import load_config
 from fastrl.envs import resolve_env
 from fastrl.models import seeded_model
@@ -73,7 +73,7 @@ def main() -> None:
 
 
 def _time_publication(weights: SharedWeights, model: torch.nn.Module, evict: torch.Tensor, rounds: int) -> None:
-    tensors = list(model.state_dict().values())  # the layout's order, the same tensors publish writes
+    tensors = LayoutTensors(model, weights.layout).tensors()  # what publish writes, in the block's order
     block = torch.from_numpy(weights.data.array)
 
     def through_cat():

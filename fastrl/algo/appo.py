@@ -26,6 +26,7 @@ from fastrl.algo.appo_loss import LossOutput, appo_loss, normalized_advantages
 from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.flat_params import FlatParams
 from fastrl.algo.grad_clip import clip_grad_norm, clip_scale_of
+from fastrl.algo.minibatches import epoch_minibatches
 from fastrl.algo.native_gradient import NativeGradient
 from fastrl.algo.policy_lag import lag_stats
 from fastrl.algo.shards import ShardPool, even_cuts, ran_here
@@ -55,15 +56,6 @@ def _as_float(value: torch.Tensor | float) -> float:
     """A LossOutput field as a Python float: the native chain's already is, the autograd path's is a
     0-dim tensor (detached first: reading one that requires grad warns)."""
     return value if isinstance(value, float) else float(value.detach())
-
-
-def _minibatch_major(t: torch.Tensor, dim: int, minibatches: int, per_mb: int) -> torch.Tensor:
-    """`t`, gathered along `dim` in an epoch's order, as [minibatches, ...] with minibatch i's `per_mb`
-    entries of `dim` contiguous at [i]: a view for samples (dim 0), one copy for trajectories
-    ([T, M * b, ...] -> [M, T, b, ...])."""
-    if dim == 0:
-        return t.view(minibatches, per_mb, *t.shape[1:])
-    return t.unflatten(1, (minibatches, per_mb)).transpose(0, 1).contiguous()
 
 
 class APPOTrainer:
@@ -282,35 +274,11 @@ class APPOTrainer:
             tensors, dim = self._flat_samples_with_targets(batch), 0
             loss = self._sample_minibatch_loss
         else:
-            # only what the loss reads: each key is a gather over [T, B] (once an epoch, below)
+            # only what the loss reads: each key is a gather over [T, B] (once an epoch)
             tensors, dim = {k: batch[k] for k in TRAJECTORY_LOSS_KEYS}, 1
             loss = self._trajectory_minibatch_loss
-        n = tensors["actions"].shape[dim]
-        per_mb = n // cfg.num_minibatches
-        # The minibatches' observations land in a few reused buffers: a fresh 1.8 MB gather per step
-        # (64 Pong frames) cost ~1 ms more than refilling one, mostly in page faults. Safe because
-        # the caller finishes with a minibatch (forward, backward, step) before asking for the
-        # `buffers`-th after it.
-        all_obs = tensors.pop("obs")
-        obs_shape = list(all_obs.shape)
-        obs_shape[dim] = per_mb
-        obs_bufs = [all_obs.new_empty(obs_shape) for _ in range(buffers)]
-
-        yielded = 0
-        for _ in range(cfg.num_epochs):
-            order = torch.randperm(n, generator=self.generator)
-            # The other keys are gathered for the whole epoch at once, each minibatch's rows then one
-            # contiguous view: one gather per key and epoch instead of one per key and minibatch (7 x 8
-            # gathers of ~2.5 µs per epoch on HalfCheetah, whose optimizer step is ~450 µs)
-            taken = order[:cfg.num_minibatches * per_mb]
-            epoch = {k: _minibatch_major(v.index_select(dim, taken), dim, cfg.num_minibatches, per_mb).unbind()
-                     for k, v in tensors.items()}
-            for i in range(cfg.num_minibatches):
-                mb = {k: pieces[i] for k, pieces in epoch.items()}
-                idx = order[i * per_mb:(i + 1) * per_mb]
-                mb["obs"] = torch.index_select(all_obs, dim, idx, out=obs_bufs[yielded % buffers])
-                yield mb, loss
-                yielded += 1
+        for mb in epoch_minibatches(tensors, dim, cfg.num_epochs, cfg.num_minibatches, self.generator, buffers):
+            yield mb, loss
 
     def _gradient_groups(self, batch: dict):
         """Yield, for every group of algo.minibatches_per_weights minibatches, a list of (loss output,

@@ -3,14 +3,16 @@ fastrl_ext._optim (fastrl.algo.bf16_copy, fastrl.algo.adam), CPU ms per optimize
 alternated.
 
     python bench/optim_microbench.py [--config configs/atari_pong.yaml] [--pieces 2] [--rounds 25]
-    python bench/optim_microbench.py --learner [--config configs/atari_pong.yaml] [--rounds 15]
+    OMP_WAIT_POLICY=PASSIVE python bench/optim_microbench.py --learner [--config configs/atari_pong.yaml] [--rounds 15]
 
 torch: the pieces cast-copied and added into the fp32 .grad, the clip's norm and scale, Adam (its
 fused kernel), then the bf16 copy refreshed from the new weights. fastrl_ext: the pieces summed with
 their sum of squares in one pass, then one Adam pass that applies the clip's scale and writes the
 new weights into the bf16 copy too (its refresh is then a no-op). Caches are evicted before each
 step, as the backward that precedes it leaves them. With `--learner`, the preset's whole learner (as `fastrl bench`'s learn stage sets it
-up) trains its synthetic batch with the native sum off and on in alternate rounds: CPU s per batch.
+up) trains its synthetic batch with fastrl_ext._optim off and on in alternate rounds: CPU and wall s per
+batch. For a bf16 learner that switches the working copy's gradient sum, clip and Adam; for a fp32 one,
+Adam and (parameters kept apart, as the CNN's are) the clip's sum of squares.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 
 import torch
 
+import fastrl.algo.appo as appo
 from fastrl.algo.adam import Adam
 from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.grad_clip import clip_grad_norm, clip_scale_of
@@ -83,22 +86,49 @@ def learner_ab(cfg, spec, rounds: int) -> None:
     from fastrl.bench.components import learner_on_synthetic_batch
 
     trainer, batch = learner_on_synthetic_batch(cfg, spec)
-    if trainer.bf16_copy is None:
-        raise SystemExit(f"this preset's learner has no bf16 working copy (model.precision={cfg.model.precision})")
+    if trainer.bf16_copy is not None:  # the copy's gradient sum, the clip's norm and Adam
+        def use_native(on): trainer.bf16_copy.native = on
+    else:  # a fp32 network: Adam, and the clip's norm where its parameters are kept apart (Adam.grad_sum_squares)
+        def use_native(on): trainer.optimizer.native = on
+    # the step's own part of each batch, timed where it runs: the clip's norm (torch's, or Adam's native sum
+    # of squares) and Adam; a bf16 copy's native sum comes with its gradients and is not in it
+    in_step = [0.0]
+
+    def timed(fn):
+        def call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                in_step[0] += time.perf_counter() - started
+        return call
+    trainer.optimizer.step = timed(trainer.optimizer.step)
+    trainer.optimizer.grad_sum_squares = timed(trainer.optimizer.grad_sum_squares)
+    appo.clip_grad_norm = timed(appo.clip_grad_norm)
     cpu_s: dict[str, list] = {"torch": [], "fastrl_ext": []}
+    wall_s: dict[str, list] = {"torch": [], "fastrl_ext": []}
+    step_ms: dict[str, list] = {"torch": [], "fastrl_ext": []}
     for round_ in range(rounds + 1):  # round 0 warms both up and is not counted
         for name in cpu_s:
-            trainer.bf16_copy.native = name == "fastrl_ext"
+            use_native(name == "fastrl_ext")
             batch["policy_version"].fill_(trainer.policy_version)
-            started = time.process_time()
+            in_step[0] = 0.0
+            started, started_wall = time.process_time(), time.perf_counter()
             trainer.train(batch)
             if round_:
                 cpu_s[name].append(time.process_time() - started)
-    ratios = [b / a for a, b in zip(cpu_s["torch"], cpu_s["fastrl_ext"])]
-    print(f"learner CPU s per batch ({cfg.system.learner_shards} shard(s)), medians of {rounds} alternated rounds")
+                wall_s[name].append(time.perf_counter() - started_wall)
+                step_ms[name].append(1e3 * in_step[0])
+    print(f"learner per batch ({cfg.model.precision}, {cfg.system.learner_threads} thread(s), "
+          f"{cfg.system.learner_shards} shard(s)), medians of {rounds} alternated rounds: CPU s, wall s, "
+          f"wall ms in clip + Adam")
     for name, values in cpu_s.items():
-        print(f"  optimizer step by {name:<11} {statistics.median(values):.4f}")
-    print(f"  fastrl_ext / torch per round: {' '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}")
+        print(f"  optimizer step by {name:<11} {statistics.median(values):.4f}  {statistics.median(wall_s[name]):.4f}"
+              f"  {statistics.median(step_ms[name]):7.1f}")
+    for label, spent in (("CPU", cpu_s), ("wall", wall_s)):
+        ratios = [b / a for a, b in zip(spent["torch"], spent["fastrl_ext"])]
+        print(f"  {label} fastrl_ext / torch per round: {' '.join(f'{r:.3f}' for r in ratios)}; "
+              f"median {statistics.median(ratios):.3f}")
 
 
 def main() -> None:

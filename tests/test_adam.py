@@ -53,15 +53,17 @@ def _run(opt, params, steps, lrs):
         opt.step()
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused kernel", "per-tensor"])
-def test_matches_the_paper_and_torch_optim(fused):
+@pytest.mark.parametrize("kernel", ["native", "fused", "per-tensor"])
+def test_matches_the_paper_and_torch_optim(kernel):
     steps, lrs = 6, [1e-2, 1e-2, 5e-3, 5e-3, 1e-3, 0.0]
     ours = _params(0)
-    opt = Adam(ours, lr=lrs[0], eps=1e-6)
-    if not fused:
+    opt = Adam(ours, lr=lrs[0], eps=1e-6, native=kernel == "native")
+    if kernel == "per-tensor":
         opt.fused = False
-    elif not opt.fused:
+    elif kernel == "fused" and not opt.fused:
         pytest.skip("this torch has no fused CPU Adam kernel")
+    if kernel == "native":  # fastrl_ext._optim, a call per tensor
+        opt._torch_step = lambda grad_mul: pytest.fail("the native step fell back to torch")
     _run(opt, ours, steps, lrs)
 
     paper = _paper_adam(_params(0), [_grads(t) for t in range(steps)], lrs)

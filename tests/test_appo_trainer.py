@@ -3,6 +3,7 @@
 import copy
 from pathlib import Path
 
+import pytest
 import torch
 
 import fastrl.algo.appo as appo
@@ -185,3 +186,43 @@ def test_lag_statistics_count_only_valid_samples():
     assert (stats["valid_samples"], stats["dropped_for_lag"], stats["samples"]) == (6, 2, 8)
     empty = policy_lag.lag_stats(lag, torch.zeros_like(valid), fresh)
     assert (empty["lag_mean"], sum(empty["lag_hist"]), empty["valid_samples"]) == (0.0, 0, 0)
+
+
+def test_fp32_cnn_clips_and_steps_natively_to_torchs_weights(monkeypatch):
+    """A fp32 CNN (channels-last, no flat buffer, no bf16 copy) takes its clip norm from fastrl_ext._optim's
+    sum of squares and its step from _optim.adam_step with the clip's scale folded in: the weights must land
+    where torch's clip and fused Adam put them, to rounding, on steps where the clip acts."""
+    import numpy as np
+
+    import fastrl.algo.adam as adam_module
+    from fastrl.envs.spec import EnvSpec
+
+    spec = EnvSpec("Tiny-frames", "envpool", (2, 36, 36), np.dtype(np.uint8), True, 3)
+    cfg = load_config(str(ROOT / "configs/atari_pong.yaml"),
+                      ["model.precision=fp32", "algo.batch_size=256", "algo.num_minibatches=4", "algo.num_epochs=2"])
+    calls = {"adam_step": 0, "sum_squares": 0}
+    real = adam_module._optim
+
+    def counted(name):
+        def call(*args):
+            calls[name] += 1
+            return getattr(real, name)(*args)
+        return call
+    monkeypatch.setattr(adam_module, "_optim", type("Counted", (), {k: staticmethod(counted(k)) for k in calls}))
+    results = []
+    for native in (False, True):
+        torch.manual_seed(3)
+        model = ActorCritic(spec, cfg.model).to(memory_format=torch.channels_last)
+        trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, native_optimizer=native)
+        start = [p.detach().clone() for p in trainer.trained_params]
+        stats = trainer.train(synthetic_batch(cfg, spec, seed=5))  # minibatch order: the trainer's own seed
+        results.append((stats, [p.detach().clone() for p in trainer.trained_params]))
+    steps = cfg.algo.num_epochs * cfg.algo.num_minibatches
+    assert calls == {"adam_step": steps * len(start), "sum_squares": steps * len(start)}  # the native run's only
+    (s_torch, w_torch), (s_native, w_native) = results
+    assert s_torch["sgd_steps"] == s_native["sgd_steps"] == steps
+    assert s_torch["grad_norm"] > cfg.algo.max_grad_norm  # the clip acted
+    assert s_native["grad_norm"] == pytest.approx(s_torch["grad_norm"], rel=1e-5)
+    for a, b, p0 in zip(w_torch, w_native, start):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert max(float((a - p0).abs().max()) for a, p0 in zip(w_torch, start)) > 1e-4

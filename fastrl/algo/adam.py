@@ -46,12 +46,14 @@ class _NativeViews:
     def jobs(self, adam: "Adam", copies: list | None) -> list | None:
         """Per parameter (param, grad, exp_avg, exp_avg_sq, copy) views, None for one without a
         gradient; None altogether where the native step does not apply. Without `copies`, float32 CPU
-        flat buffers make one job (copy None) over the whole flat parameter."""
-        if copies is None:
+        flat buffers make one job (copy None) over the whole flat parameter, and float32 CPU parameters
+        without one a job each (copy None)."""
+        if copies is None and adam.flat is not None:
             return self._flat_job(adam)
-        if _optim is None or adam.flat is not None or len(copies) != len(adam.params):
+        if _optim is None or adam.flat is not None or (copies is not None and len(copies) != len(adam.params)):
             return None
-        key = tuple((p.data_ptr(), c.data_ptr()) for p, c in zip(adam.params, copies))
+        key = tuple((p.data_ptr(), c.data_ptr() if copies is not None else 0)
+                    for p, c in zip(adam.params, copies or [None] * len(adam.params)))
         if key != self.key:
             self.fixed, self.key = self._fixed(adam, copies), key
         if self.fixed is None:
@@ -84,14 +86,16 @@ class _NativeViews:
         return self.fixed
 
     @staticmethod
-    def _fixed(adam: "Adam", copies: list) -> list | None:
+    def _fixed(adam: "Adam", copies: list | None) -> list | None:
+        """(param, exp_avg, exp_avg_sq, copy) views per parameter, copy None without `copies`."""
         fixed = []
-        for p, m, v, c in zip(adam.params, adam.exp_avgs, adam.exp_avg_sqs, copies):
-            if (p.dtype != torch.float32 or p.device.type != "cpu" or c.dtype != torch.bfloat16
-                    or any(t.stride() != p.stride() for t in (m, v, c))):
+        for i, (p, m, v) in enumerate(zip(adam.params, adam.exp_avgs, adam.exp_avg_sqs)):
+            c = copies[i] if copies is not None else None
+            if (p.dtype != torch.float32 or p.device.type != "cpu" or (c is not None and c.dtype != torch.bfloat16)
+                    or any(t.stride() != p.stride() for t in (m, v) + ((c,) if c is not None else ()))):
                 return None
-            views = [memory_flat_array(t) for t in (p, m, v, c)]
-            if any(t is None for t in views):
+            views = [memory_flat_array(t) for t in (p, m, v)] + [memory_flat_array(c) if c is not None else None]
+            if any(t is None for t in views[:3]) or (c is not None and views[3] is None):
                 return None
             fixed.append(tuple(views))
         return fixed
@@ -148,6 +152,22 @@ class Adam:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
+
+    def grad_sum_squares(self) -> float | None:
+        """The gradients' sum of squares through fastrl_ext._optim, one pass each, where the next `step`
+        runs there over parameters kept apart (no flat buffer, no bf16 copies): the clip's norm, whose
+        scale that step applies as it reads the gradients. None elsewhere: the caller clips with torch.
+
+        Why: the fp32 Nature CNN's clip (a norm per tensor, then a scale that rewrites the gradients) and
+        torch's fused Adam ran on the learner's two OpenMP threads, which these memory-bound passes do not
+        pay for: inside Pong's fp32 learner, 90.9 wall ms a batch (32 steps) against 68.7 for this sum and
+        the native step on one thread (bench/optim_microbench.py --learner)."""
+        if not self.native or self.flat is not None:
+            return None
+        jobs = self._native.jobs(self, None)
+        if jobs is None:
+            return None
+        return sum(_optim.sum_squares(job[1]) for job in jobs if job is not None)
 
     @torch.no_grad()
     def step(self, grad_mul: torch.Tensor | float | None = None, bf16_copies: list | None = None) -> bool:

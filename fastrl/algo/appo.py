@@ -360,9 +360,12 @@ class APPOTrainer:
             if grads is not None:
                 self._install_gradient(grads)
             grad_mul = None
+            if self.grad_sum_sq is None and isinstance(self.optimizer, Adam):  # tests swap in torch's
+                self.grad_sum_sq = self.optimizer.grad_sum_squares()
             if self.grad_sum_sq is not None:
-                # the gradients' squares were summed with them (fastrl.algo.bf16_copy): Adam applies
-                # the clip's scale as it reads them, instead of the clip reading them twice more
+                # the gradients' squares were summed with them (fastrl.algo.bf16_copy) or by Adam in one
+                # pass: Adam applies the clip's scale as it reads them, instead of the clip reading them
+                # twice more
                 grad_norm = math.sqrt(self.grad_sum_sq)
                 grad_mul = clip_scale_of(grad_norm, cfg.max_grad_norm)
             else:

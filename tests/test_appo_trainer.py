@@ -209,6 +209,9 @@ def test_fp32_cnn_clips_and_steps_natively_to_torchs_weights(monkeypatch):
             return getattr(real, name)(*args)
         return call
     monkeypatch.setattr(adam_module, "_optim", type("Counted", (), {k: staticmethod(counted(k)) for k in calls}))
+    real_jobs = adam_module._NativeViews.jobs
+    made = []
+    monkeypatch.setattr(adam_module._NativeViews, "jobs", lambda self, *a: made.append(1) or real_jobs(self, *a))
     results = []
     for native in (False, True):
         torch.manual_seed(3)
@@ -219,6 +222,7 @@ def test_fp32_cnn_clips_and_steps_natively_to_torchs_weights(monkeypatch):
         results.append((stats, [p.detach().clone() for p in trainer.trained_params]))
     steps = cfg.algo.num_epochs * cfg.algo.num_minibatches
     assert calls == {"adam_step": steps * len(start), "sum_squares": steps * len(start)}  # the native run's only
+    assert len(made) == steps  # the step reuses the views its clip's sum was taken through
     (s_torch, w_torch), (s_native, w_native) = results
     assert s_torch["sgd_steps"] == s_native["sgd_steps"] == steps
     assert s_torch["grad_norm"] > cfg.algo.max_grad_norm  # the clip acted

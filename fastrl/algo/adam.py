@@ -165,7 +165,7 @@ class Adam:
 
         Why: the fp32 Nature CNN's clip (a norm per tensor, then a scale that rewrites the gradients) and
         torch's fused Adam ran on the learner's two OpenMP threads, which these memory-bound passes do not
-        pay for: inside Pong's fp32 learner, 90.9 wall ms a batch (32 steps) against 68.7 for this sum and
+        pay for: inside Pong's fp32 learner, 87.2 wall ms a batch (32 steps) against 61.4 for this sum and
         the native step on one thread (bench/optim_microbench.py --learner)."""
         if not self.native or self.flat is not None:
             return None

@@ -192,7 +192,7 @@ class NumpyPolicy:
 
     def pack_native(self) -> tuple[np.ndarray, np.ndarray]:
         """(plan, params): the loaded network as fastrl_ext._acting.act_mlp reads it (the layout is
-        described at the top of fastrl_ext/src/acting.cpp), built from `p`: the reference for what
+        described at the top of fastrl_ext/src/acting_plan.h), built from `p`: the reference for what
         `load` gathers straight from the flat weights (tests/test_numpy_policy.py)."""
         p, parts, offset = self.p, [], 0
 

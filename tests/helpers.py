@@ -1,4 +1,5 @@
-"""Running the real `fastrl` command in a subprocess and checking what it leaves behind."""
+"""Running the real `fastrl` command in a subprocess and checking what it leaves behind; small env specs
+for learner tests that need no env."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 
+from fastrl.envs.spec import EnvSpec
+
 ROOT = Path(__file__).resolve().parents[1]
+# Stand-ins for the presets' envs at a fraction of their size: Pong's uint8 frame stack (2 frames of 36x36,
+# 3 actions) for the Nature CNN, and HalfCheetah's Gaussian policy (5 observations, 2 actions in [-1, 1])
+TINY_FRAMES = EnvSpec("Tiny-frames", "envpool", (2, 36, 36), np.dtype(np.uint8), True, 3)
+TINY_CHEETAH = EnvSpec("Tiny-cheetah", "envpool", (5,), np.dtype(np.float32), False, 2, (-1.0,) * 2, (1.0,) * 2)
 
 
 class RunProcess:

@@ -127,7 +127,8 @@ def test_training_never_imports_torch_dynamo():
     """The reason this module exists: torch.optim imports torch._dynamo (~1.7 CPU-s) on first use."""
     code = (
         "import json, sys\n"
-        "from tests.test_appo_trainer import _trainer_and_batch\n"
+        "sys.path.insert(0, 'tests')  # as pytest's rootdir import does: test modules import helpers\n"
+        "from test_appo_trainer import _trainer_and_batch\n"
         "trainer, batch, cfg = _trainer_and_batch(['algo.num_epochs=2', 'algo.num_minibatches=2'])\n"
         "stats = trainer.train(batch)\n"
         "print(json.dumps({'dynamo': 'torch._dynamo' in sys.modules, 'version': trainer.policy_version}))\n")

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import fastrl.algo.adam as adam_module
 import fastrl.algo.appo as appo
 import fastrl.algo.policy_lag as policy_lag
 from fastrl.algo.appo import APPOTrainer, scheduled_lr
@@ -13,6 +14,7 @@ from fastrl.bench.components import synthetic_batch
 from fastrl.config import check_config, load_config
 from fastrl.envs import resolve_env
 from fastrl.models import ActorCritic
+from helpers import TINY_FRAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,12 +194,7 @@ def test_fp32_cnn_clips_and_steps_natively_to_torchs_weights(monkeypatch):
     """A fp32 CNN (channels-last, no flat buffer, no bf16 copy) takes its clip norm from fastrl_ext._optim's
     sum of squares and its step from _optim.adam_step with the clip's scale folded in: the weights must land
     where torch's clip and fused Adam put them, to rounding, on steps where the clip acts."""
-    import numpy as np
-
-    import fastrl.algo.adam as adam_module
-    from fastrl.envs.spec import EnvSpec
-
-    spec = EnvSpec("Tiny-frames", "envpool", (2, 36, 36), np.dtype(np.uint8), True, 3)
+    spec = TINY_FRAMES
     cfg = load_config(str(ROOT / "configs/atari_pong.yaml"),
                       ["model.precision=fp32", "algo.batch_size=256", "algo.num_minibatches=4", "algo.num_epochs=2"])
     calls = {"adam_step": 0, "sum_squares": 0}

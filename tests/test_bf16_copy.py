@@ -5,7 +5,6 @@ observation statistics."""
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,12 +13,10 @@ from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.bench.components import synthetic_batch
 from fastrl.config import load_config
 from fastrl.config.schema import ModelConfig
-from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic, seeded_model
+from helpers import TINY_CHEETAH as CHEETAH, TINY_FRAMES as FRAMES
 
 ROOT = Path(__file__).resolve().parents[1]
-FRAMES = EnvSpec("Tiny-frames", "envpool", (2, 36, 36), np.dtype(np.uint8), True, 3)
-CHEETAH = EnvSpec("Tiny-cheetah", "envpool", (5,), np.dtype(np.float32), False, 2, (-1.0,) * 2, (1.0,) * 2)
 
 CASES = {  # spec, preset, overrides: the CNN's channels-last list of parameters, an MLP's flat buffer
     "cnn": (FRAMES, "configs/atari_pong.yaml", ["algo.batch_size=256", "algo.num_minibatches=4"]),

@@ -5,19 +5,17 @@ where, and the learner process asks whether enough of its next batch is already 
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from fastrl.algo.appo import APPOTrainer
 from fastrl.bench.components import synthetic_batch
 from fastrl.config import load_config
-from fastrl.envs.spec import EnvSpec
 from fastrl.models import seeded_model
 from fastrl.workers.learner import Learner
+from helpers import TINY_FRAMES as FRAMES
 
 ROOT = Path(__file__).resolve().parents[1]
-FRAMES = EnvSpec("Tiny-frames", "envpool", (2, 36, 36), np.dtype(np.uint8), True, 3)
 SMALL = ["algo.batch_size=256", "algo.num_minibatches=4", "algo.num_epochs=2", "model.precision=bf16"]
 
 

@@ -16,11 +16,10 @@ from fastrl.bench.components import synthetic_batch
 from fastrl.config import check_config, load_config
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import seeded_model
+from helpers import TINY_FRAMES as FRAMES  # the Nature CNN's channels-last convs, its non-flat parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = EnvSpec("CartPole-v1", "envpool", (4,), np.dtype(np.float32), True, 2)
-# a small image env: the Nature CNN's channels-last convs and its list of (non-flat) parameters
-FRAMES = EnvSpec("Tiny-frames", "envpool", (2, 36, 36), np.dtype(np.uint8), True, 3)
 
 
 def test_pool_keeps_order_and_runs_pieces_on_other_threads():

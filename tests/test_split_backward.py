@@ -4,7 +4,6 @@ bit for bit, errors on that thread surface, and system.learner_split resolves an
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,12 +12,10 @@ from fastrl.algo.split_backward import WeightGradLater, WeightGradThread
 from fastrl.bench.components import synthetic_batch
 from fastrl.config import load_config
 from fastrl.config.hardware import resolve_auto, weight_grads_split_blockers
-from fastrl.envs.spec import EnvSpec
 from fastrl.models import seeded_model
+from helpers import TINY_CHEETAH as CHEETAH, TINY_FRAMES as FRAMES
 
 ROOT = Path(__file__).resolve().parents[1]
-FRAMES = EnvSpec("Tiny-frames", "envpool", (2, 36, 36), np.dtype(np.uint8), True, 3)
-CHEETAH = EnvSpec("Tiny-cheetah", "envpool", (5,), np.dtype(np.float32), False, 2, (-1.0,) * 2, (1.0,) * 2)
 AVX2 = {"fpu", "avx2", "fma"}
 ZEN4 = AVX2 | {"avx512f", "avx512_bf16"}
 SMALL = ["algo.batch_size=256", "algo.num_minibatches=4", "algo.num_epochs=2", "model.precision=bf16"]

@@ -191,7 +191,8 @@ class Adam:
         return False
 
     def _native_step(self, grad_mul: torch.Tensor | float | None, bf16_copies: list | None) -> bool:
-        jobs, self._summed_jobs = self._summed_jobs if bf16_copies is None else None, None
+        jobs = self._summed_jobs if bf16_copies is None else None  # the views grad_sum_squares just made
+        self._summed_jobs = None
         if jobs is None:
             jobs = self._native.jobs(self, bf16_copies)
         if jobs is None:

@@ -21,6 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # 3 actions) for the Nature CNN, and HalfCheetah's Gaussian policy (5 observations, 2 actions in [-1, 1])
 TINY_FRAMES = EnvSpec("Tiny-frames", "envpool", (2, 36, 36), np.dtype(np.uint8), True, 3)
 TINY_CHEETAH = EnvSpec("Tiny-cheetah", "envpool", (5,), np.dtype(np.float32), False, 2, (-1.0,) * 2, (1.0,) * 2)
+# The presets' own shapes, for tests that time or compare the real networks without making an env
+PONG = EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6, frames_per_env_step=4)
+HALFCHEETAH = EnvSpec("HalfCheetah-v5", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
+# A small discrete vector env (4 observations, 3 actions) for the acting and recording paths
+SMALL_DISCRETE = EnvSpec("Discrete-v0", "envpool", (4,), np.dtype(np.float32), True, 3)
 
 
 class RunProcess:

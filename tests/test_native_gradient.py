@@ -25,12 +25,12 @@ from fastrl.envs import resolve_env
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic, native_mlp
 from fastrl_ext import _policy_head
+from helpers import HALFCHEETAH as CHEETAH  # an MLP at HalfCheetah's shape
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_native = pytest.mark.skipif(_policy_head is None or not native_mlp.pays(),
                                   reason="fastrl_ext not built, or its MLP layers not used on this CPU")
 
-CHEETAH = EnvSpec("Tiny-cheetah", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
 
 
 def _head_reference(spec: EnvSpec, params: torch.Tensor, actions: torch.Tensor, log_std: torch.Tensor | None):

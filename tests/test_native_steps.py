@@ -21,13 +21,13 @@ from fastrl.models import ActorCritic
 from fastrl.models.numpy_policy import NumpyPolicy
 from fastrl.workers.recording import NativeRecorder
 from test_recording import RawSteps
+from helpers import SMALL_DISCRETE as DISCRETE
 
 pytestmark = pytest.mark.skipif(fastrl_ext._rollout is None, reason=f"fastrl_ext not built: {fastrl_ext.BUILD_ERROR}")
 
 SLOTS, T, N = 3, 6, 5
 # where envpool's _recv list holds obs, reward, done, trunc, env_id, score, game_over (any order works)
 POSITIONS = (3, 0, 6, 1, 4, 2, 5)
-DISCRETE = EnvSpec("Discrete-v0", "envpool", (4,), np.dtype(np.float32), True, 3)
 CONTINUOUS = EnvSpec("Continuous-v0", "envpool", (3,), np.dtype(np.float32), False, 2, (-0.5, -1.0), (0.5, 1.0))
 
 

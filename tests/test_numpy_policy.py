@@ -16,8 +16,8 @@ from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
 from fastrl.models.numpy_policy import NumpyPolicy, acting_backend, unsupported_reason
 from helpers import ROOT, run_tests_under_isa
+from helpers import SMALL_DISCRETE as DISCRETE
 
-DISCRETE = EnvSpec("Discrete-v0", "envpool", (4,), np.dtype(np.float32), True, 3)
 CONTINUOUS = EnvSpec("Continuous-v0", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
 IMAGE = EnvSpec("Image-v0", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6)
 

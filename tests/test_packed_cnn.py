@@ -12,12 +12,11 @@ from fastrl.buffers import SharedWeights, ShmAllocator
 from fastrl.config.hardware import cpu_flags
 from fastrl.config.loader import load_config
 from fastrl.config.schema import ModelConfig
-from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
 from fastrl.models.packed_cnn import PackedForward, packed_forward
 from fastrl.workers.acting import PACK_AFTER_FORWARDS, TorchForward
+from helpers import HALFCHEETAH, PONG
 
-PONG = EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6, frames_per_env_step=4)
 CNN = {"encoder": "nature_cnn", "hidden_sizes": [512], "activation": "relu"}
 
 pytestmark = pytest.mark.skipif(packed_forward(ActorCritic(PONG, ModelConfig(**CNN, precision="fp32")).for_inference(),
@@ -91,8 +90,7 @@ def test_new_weights_reach_the_packed_layers_only_when_repacked():
 
 
 def test_eager_where_packing_does_not_apply():
-    cheetah = EnvSpec("HalfCheetah-v5", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
-    assert packed_forward(ActorCritic(cheetah, ModelConfig()).eval(), cheetah.obs_shape, 16) is None  # an MLP
+    assert packed_forward(ActorCritic(HALFCHEETAH, ModelConfig()).eval(), HALFCHEETAH.obs_shape, 16) is None  # an MLP
     training = _net("bf16").train()
     assert packed_forward(training, PONG.obs_shape, 16) is None
     # fp32 layers in a bf16 network: the eager forward casts under autocast every call

@@ -1,16 +1,13 @@
 """model.precision=bf16: the layers run in bf16 under autocast, everything the loss sees is fp32,
 and the outputs stay close to the fp32 network with the same weights."""
 
-import numpy as np
 import pytest
 import torch
 
 from fastrl.config.schema import ModelConfig
-from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
+from helpers import HALFCHEETAH as CHEETAH, PONG
 
-PONG = EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6, frames_per_env_step=4)
-CHEETAH = EnvSpec("HalfCheetah-v5", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
 
 
 def _pair(spec, **model):

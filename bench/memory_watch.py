@@ -2,10 +2,16 @@
 
     python bench/memory_watch.py --pid <runner pid> [--interval-s 30] [--json mem.json]
 
-Samples the runner and all its children every --interval-s until the runner exits, then prints
-the median PSS of the first and last fifth of the samples (after a warm-up) and the least-squares
-slope in MiB per hour. PSS counts each shared page once across the tree, so the shared trajectory
-slots are not counted once per process.
+Samples the runner and all its children every --interval-s until the runner exits. PSS counts
+each shared page once across the tree, so the shared trajectory slots are not counted once per
+process. Each line gives the tree's total and each process's share, by its title
+(fastrl-learner, fastrl-inference-0, fastrl-rollout-1, ...; a replaced worker keeps its title).
+
+At the end it judges the samples after the warm-up: the medians of the first and last fifth,
+the least-squares slope in MiB per hour over all of them and over their second half, and the
+largest rise between two samples and which process made it. The second-half slope is there
+because a one-off step (an allocator arena, a cache filled once) makes the whole-run slope read
+as growth that stops; a leak rises in both halves.
 """
 
 from __future__ import annotations
@@ -19,16 +25,92 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+MiB = 2**20
 
-def tree_pss_bytes(root: psutil.Process) -> int:
-    total = 0
-    for p in [root, *root.children(recursive=True)]:
+
+def process_label(proc: psutil.Process, root: psutil.Process) -> str:
+    """The process's title where fastrl set one, "runner" for the root, else its name."""
+    if proc.pid == root.pid:
+        return "runner"
+    try:
+        argv = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        argv = []
+    if argv and argv[0].startswith("fastrl-"):
+        return argv[0].removeprefix("fastrl-")
+    if any("resource_tracker" in arg for arg in argv):
+        return "resource_tracker"
+    return proc.name()
+
+
+def tree_pss_mib(root: psutil.Process) -> dict[str, float]:
+    """PSS in MiB of the runner and each living child, by label (same labels summed)."""
+    by_label: dict[str, float] = {}
+    for proc in [root, *root.children(recursive=True)]:
         try:
-            mem = p.memory_full_info()
+            mem = proc.memory_full_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        total += getattr(mem, "pss", mem.rss)
-    return total
+        label = process_label(proc, root)
+        by_label[label] = by_label.get(label, 0.0) + getattr(mem, "pss", mem.rss) / MiB
+    return by_label
+
+
+def slope_mib_per_hour(times_s: list[float], totals_mib: list[float]) -> float:
+    if len(times_s) < 2:
+        return 0.0
+    return float(np.polyfit(np.asarray(times_s), np.asarray(totals_mib), 1)[0] * 3600)
+
+
+def judge_growth(samples: list[tuple[float, dict[str, float]]], warmup_s: float) -> dict | None:
+    """Summary of the samples taken at or after warmup_s; None with fewer than 5 of them."""
+    judged = [(t, parts) for t, parts in samples if t >= warmup_s]
+    if len(judged) < 5:
+        return None
+    times = [t for t, _ in judged]
+    totals = [sum(parts.values()) for _, parts in judged]
+    fifth = max(1, len(judged) // 5)
+    half = len(judged) // 2
+    rise_mib, rise_at = 0.0, 0
+    for i in range(1, len(totals)):
+        if totals[i] - totals[i - 1] > rise_mib:
+            rise_mib, rise_at = totals[i] - totals[i - 1], i
+    rise_by = None
+    if rise_at:
+        before, after = judged[rise_at - 1][1], judged[rise_at][1]
+        rise_by = max(after, key=lambda label: after[label] - before.get(label, 0.0))
+    labels = sorted({label for _, parts in judged for label in parts})
+    return {
+        "judged_s": times[-1] - times[0],
+        "first_fifth_mib": statistics.median(totals[:fifth]),
+        "last_fifth_mib": statistics.median(totals[-fifth:]),
+        "peak_mib": max(totals),
+        "slope_mib_per_hour": slope_mib_per_hour(times, totals),
+        "second_half_slope_mib_per_hour": slope_mib_per_hour(times[half:], totals[half:]),
+        "largest_rise_mib": rise_mib,
+        "largest_rise_at_s": times[rise_at] if rise_at else None,
+        "largest_rise_by": rise_by,
+        "by_process_first_last_fifth_mib": {
+            label: (statistics.median(parts.get(label, 0.0) for _, parts in judged[:fifth]),
+                    statistics.median(parts.get(label, 0.0) for _, parts in judged[-fifth:]))
+            for label in labels
+        },
+    }
+
+
+def report(summary: dict) -> str:
+    lines = [
+        f"PSS over {summary['judged_s']:.0f} s after warm-up: first fifth {summary['first_fifth_mib']:.0f} MiB, "
+        f"last fifth {summary['last_fifth_mib']:.0f} MiB, peak {summary['peak_mib']:.0f} MiB, "
+        f"slope {summary['slope_mib_per_hour']:+.1f} MiB/hour "
+        f"(second half {summary['second_half_slope_mib_per_hour']:+.1f})"
+    ]
+    if summary["largest_rise_by"] is not None:
+        lines.append(f"largest rise between two samples: {summary['largest_rise_mib']:+.1f} MiB at "
+                     f"{summary['largest_rise_at_s']:.0f} s, mostly {summary['largest_rise_by']}")
+    for label, (first, last) in summary["by_process_first_last_fifth_mib"].items():
+        lines.append(f"  {label:<20} first fifth {first:8.1f} MiB, last fifth {last:8.1f} MiB ({last - first:+.1f})")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -40,28 +122,23 @@ def main() -> None:
     args = parser.parse_args()
     root = psutil.Process(args.pid)
     started = time.monotonic()
-    samples: list[tuple[float, float]] = []  # (seconds since start, PSS MiB)
+    samples: list[tuple[float, dict[str, float]]] = []  # (seconds since start, PSS MiB by process)
     while root.is_running() and root.status() != psutil.STATUS_ZOMBIE:
         try:
-            samples.append((time.monotonic() - started, tree_pss_bytes(root) / 2**20))
+            parts = tree_pss_mib(root)
         except psutil.NoSuchProcess:
             break
-        print(f"{samples[-1][0]:8.0f} s  {samples[-1][1]:8.1f} MiB", flush=True)
+        samples.append((time.monotonic() - started, parts))
+        shares = ", ".join(f"{label} {mib:.1f}" for label, mib in sorted(parts.items()))
+        print(f"{samples[-1][0]:8.0f} s  {sum(parts.values()):8.1f} MiB  ({shares})", flush=True)
         time.sleep(args.interval_s)
-    judged = [s for s in samples if s[0] >= args.warmup_s]
-    if len(judged) < 5:
+    summary = judge_growth(samples, args.warmup_s)
+    if summary is None:
         print("too few samples after the warm-up to judge growth")
         return
-    fifth = max(1, len(judged) // 5)
-    first = statistics.median(m for _, m in judged[:fifth])
-    last = statistics.median(m for _, m in judged[-fifth:])
-    t, m = np.array([s[0] for s in judged]), np.array([s[1] for s in judged])
-    slope_per_h = float(np.polyfit(t, m, 1)[0] * 3600)
-    print(f"PSS over {judged[-1][0] - judged[0][0]:.0f} s after warm-up: first fifth {first:.0f} MiB, "
-          f"last fifth {last:.0f} MiB, peak {m.max():.0f} MiB, slope {slope_per_h:+.1f} MiB/hour")
+    print(report(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps({"samples": samples, "first_fifth_mib": first, "last_fifth_mib": last,
-                                               "peak_mib": float(m.max()), "slope_mib_per_hour": slope_per_h}))
+        Path(args.json).write_text(json.dumps({"samples": samples, **summary}))
 
 
 if __name__ == "__main__":

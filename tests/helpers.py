@@ -3,6 +3,7 @@ for learner tests that need no env."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,6 +27,14 @@ PONG = EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6, f
 HALFCHEETAH = EnvSpec("HalfCheetah-v5", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
 # A small discrete vector env (4 observations, 3 actions) for the acting and recording paths
 SMALL_DISCRETE = EnvSpec("Discrete-v0", "envpool", (4,), np.dtype(np.float32), True, 3)
+
+
+def load_bench_script(name: str):
+    """bench/<name>.py as a module: the scripts are not a package, and their tests check their pure parts."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class RunProcess:

@@ -1,18 +1,9 @@
 """bench/chaos.py's rates around a kill, on counters that move a batch at a time as a learner-bound run's do."""
 
-import importlib.util
-
-from helpers import ROOT
+from helpers import load_bench_script
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("chaos", ROOT / "bench" / "chaos.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-chaos = _load()
+chaos = load_bench_script("chaos")
 
 
 def _bursty(until_s: float, batch: int, every_s: float, pause=(None, None)) -> list:

@@ -1,17 +1,8 @@
 """bench/idle_trace.py's replay of a scheduler trace: which idle time is counted as which kind."""
 
-import importlib.util
-
 import pytest
 
-from helpers import ROOT
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("idle_trace", ROOT / "bench" / "idle_trace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_bench_script
 
 
 def _switch(cpu, t, prev, state, nxt):
@@ -31,7 +22,7 @@ def _migrate(cpu, t, tid, orig, dest):
 
 
 def test_idle_time_is_split_by_what_the_other_core_holds():
-    it = _load()
+    it = load_bench_script("idle_trace")
     lines = [
         _switch(0, 1.000, 0, "R", 11),   # cpu 0 runs thread 11
         _switch(1, 1.000, 0, "R", 12),   # cpu 1 runs thread 12
@@ -69,7 +60,7 @@ def test_idle_time_is_split_by_what_the_other_core_holds():
 
 
 def test_queued_idle_is_shared_between_threads_queued_together_and_a_stretch_open_at_the_end_counts():
-    it = _load()
+    it = load_bench_script("idle_trace")
     lines = [
         _switch(0, 2.000, 0, "R", 21),
         _switch(1, 2.000, 0, "R", 22),

@@ -1,7 +1,6 @@
 """bench/memory_watch.py's judgement of a long run's PSS: a one-off step is not a leak, a leak is one,
 and the process that made the largest rise is named."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,17 +8,10 @@ import sys
 import psutil
 import pytest
 
-from helpers import ROOT
+from helpers import load_bench_script
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("memory_watch", ROOT / "bench" / "memory_watch.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-memory_watch = _load()
+memory_watch = load_bench_script("memory_watch")
 
 
 def _samples(learner_mib, every_s=20.0, until_s=1800.0):

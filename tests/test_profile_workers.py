@@ -1,22 +1,13 @@
 """bench/profile_workers.py's sorting of py-spy stacks: where a sample's CPU is counted."""
 
-import importlib.util
-
-from helpers import ROOT
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("profile_workers", ROOT / "bench" / "profile_workers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_bench_script
 
 
 PUMP = "RolloutWorker.run (fastrl/workers/rollout.py:316);RolloutWorker.pump (fastrl/workers/rollout.py:303)"
 
 
 def test_inside_envpool_recv_is_set_aside_but_its_python_side_is_cpu():
-    pw = _load()
+    pw = load_bench_script("profile_workers")
     # found from the source, so a refactor of _DirectCalls.recv cannot silently void the rule
     assert len(pw.ENVPOOL_RECV_LEAVES) == 1
     blocked = f"{PUMP};EnvpoolSplit.recv (fastrl/envs/vector.py:118);{pw.ENVPOOL_RECV_LEAVES[0]}"
@@ -29,7 +20,7 @@ def test_inside_envpool_recv_is_set_aside_but_its_python_side_is_cpu():
 
 
 def test_waits_and_work_are_told_apart():
-    pw = _load()
+    pw = load_bench_script("profile_workers")
     assert pw.classify(f"{PUMP};RolloutWorker._take_free_slot (fastrl/workers/rollout.py:200);"
                        "wait_any (fastrl/ipc/doorbell.py:40)") == pw.WAITING
     assert pw.classify(f"{PUMP};RolloutWorker._record (fastrl/workers/rollout.py:247)") == \

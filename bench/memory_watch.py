@@ -5,7 +5,7 @@
 Samples the runner and all its children every --interval-s until the runner exits. PSS counts
 each shared page once across the tree, so the shared trajectory slots are not counted once per
 process. Each line gives the tree's total and each process's share, by its title
-(fastrl-learner, fastrl-inference-0, fastrl-rollout-1, ...; a replaced worker keeps its title).
+(learner, inference-0, rollout-1, ...; a replaced worker keeps its title).
 
 At the end it judges the samples after the warm-up: the medians of the first and last fifth,
 the least-squares slope in MiB per hour over all of them and over their second half, and the
@@ -25,33 +25,29 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from fastrl.bench.measure import fastrl_children
+
 MiB = 2**20
 
 
-def process_label(proc: psutil.Process, root: psutil.Process) -> str:
-    """The process's title where fastrl set one, "runner" for the root, else its name."""
-    if proc.pid == root.pid:
-        return "runner"
-    try:
-        argv = proc.cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        argv = []
-    if argv and argv[0].startswith("fastrl-"):
-        return argv[0].removeprefix("fastrl-")
-    if any("resource_tracker" in arg for arg in argv):
-        return "resource_tracker"
-    return proc.name()
-
-
 def tree_pss_mib(root: psutil.Process) -> dict[str, float]:
-    """PSS in MiB of the runner and each living child, by label (same labels summed)."""
+    """PSS in MiB of the runner and each living child: fastrl's workers by title (fastrl_children), any
+    other child (multiprocessing's resource tracker) by its name, the same label summed."""
+    titled = fastrl_children(root)
+    procs = [("runner", root), *titled.items()]
+    titled_pids = {proc.pid for proc in titled.values()}
+    for child in root.children(recursive=True):
+        if child.pid not in titled_pids:
+            try:
+                procs.append((child.name(), child))
+            except psutil.NoSuchProcess:
+                continue
     by_label: dict[str, float] = {}
-    for proc in [root, *root.children(recursive=True)]:
+    for label, proc in procs:
         try:
             mem = proc.memory_full_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        label = process_label(proc, root)
         by_label[label] = by_label.get(label, 0.0) + getattr(mem, "pss", mem.rss) / MiB
     return by_label
 

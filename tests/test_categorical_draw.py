@@ -12,9 +12,9 @@ import torch
 
 from fastrl.buffers import ShmAllocator, SharedWeights
 from fastrl.config import load_config
-from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
 from fastrl.models.numpy_policy import NumpyPolicy
+from helpers import PONG as IMAGE
 
 fastrl_ext = pytest.importorskip("fastrl_ext")
 pytestmark = pytest.mark.skipif(fastrl_ext._acting is None, reason="fastrl_ext not built")
@@ -89,9 +89,6 @@ def test_the_draw_refuses_what_it_cannot_take():
         draw(ok_logits, np.zeros(3, np.float32), actions, log_probs)
     with pytest.raises(TypeError, match="4 arguments"):
         draw(ok_logits, ok_u, actions)
-
-
-IMAGE = EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6)
 
 
 @pytest.mark.parametrize("native_acting", [True, False])

@@ -32,7 +32,6 @@ needs_native = pytest.mark.skipif(_policy_head is None or not native_mlp.pays(),
                                   reason="fastrl_ext not built, or its MLP layers not used on this CPU")
 
 
-
 def _head_reference(spec: EnvSpec, params: torch.Tensor, actions: torch.Tensor, log_std: torch.Tensor | None):
     model = ActorCritic(spec, ModelConfig(native_mlp=False))
     if log_std is not None:

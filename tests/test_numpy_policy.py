@@ -17,9 +17,8 @@ from fastrl.models import ActorCritic
 from fastrl.models.numpy_policy import NumpyPolicy, acting_backend, unsupported_reason
 from helpers import ROOT, run_tests_under_isa
 from helpers import SMALL_DISCRETE as DISCRETE
-
-CONTINUOUS = EnvSpec("Continuous-v0", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
-IMAGE = EnvSpec("Image-v0", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6)
+from helpers import HALFCHEETAH as CONTINUOUS  # an MLP at HalfCheetah's shape
+from helpers import PONG as IMAGE  # frame stacks: the Nature CNN
 
 
 def _config(*overrides: str):

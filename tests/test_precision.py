@@ -9,7 +9,6 @@ from fastrl.models import ActorCritic
 from helpers import HALFCHEETAH as CHEETAH, PONG
 
 
-
 def _pair(spec, **model):
     torch.manual_seed(0)
     fp32 = ActorCritic(spec, ModelConfig(**model))

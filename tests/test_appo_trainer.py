@@ -1,6 +1,7 @@
 """The APPO optimisation pass guards its weights: a non-finite loss or gradient skips the step."""
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -213,7 +214,8 @@ def test_fp32_cnn_clips_and_steps_natively_to_torchs_weights(monkeypatch):
     for native in (False, True):
         torch.manual_seed(3)
         model = ActorCritic(spec, cfg.model).to(memory_format=torch.channels_last)
-        trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, native_optimizer=native)
+        algo = dataclasses.replace(cfg.algo, native_optimizer=native)  # algo.native_optimizer
+        trainer = APPOTrainer(model, algo, cfg.sampler.max_policy_lag)
         start = [p.detach().clone() for p in trainer.trained_params]
         stats = trainer.train(synthetic_batch(cfg, spec, seed=5))  # minibatch order: the trainer's own seed
         results.append((stats, [p.detach().clone() for p in trainer.trained_params]))

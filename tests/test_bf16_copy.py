@@ -29,12 +29,12 @@ CASES = {  # spec, preset, overrides: the CNN's channels-last list of parameters
 def _trainer(case, working_copy, shards=1, unit="samples", extra=(), native_optimizer=False):
     spec, preset, overrides = CASES[case]
     cfg = load_config(str(ROOT / preset), [f"algo.minibatch_unit={unit}", "model.precision=bf16", "algo.num_epochs=2",
+                                           f"algo.native_optimizer={str(native_optimizer).lower()}",
                                            *overrides, *extra])
     model = seeded_model(spec, cfg.model, seed=3)
     if spec.is_image:
         model.to(memory_format=torch.channels_last)
-    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards, bf16_working_copy=working_copy,
-                          native_optimizer=native_optimizer)
+    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards, bf16_working_copy=working_copy)
     return trainer, cfg, spec
 
 

@@ -60,15 +60,15 @@ def _as_float(value: torch.Tensor | float) -> float:
 
 class APPOTrainer:
     def __init__(self, model: ActorCritic, cfg: AlgoConfig, max_policy_lag: int, seed: int = 0, shards: int = 1,
-                 bf16_working_copy: bool = True, native_optimizer: bool = True, split: str = "rows"):
+                 bf16_working_copy: bool = True, split: str = "rows"):
         """`shards` > 1 (system.learner_shards) runs each sample minibatch, and the batch's no-grad
         forward, as that many pieces on as many threads (fastrl.algo.shards); with
         algo.minibatches_per_weights > 1 the shards instead take one whole minibatch each of a group
         computed against the same weights. A bf16 network runs
         its forwards through a bf16 working copy (fastrl.algo.bf16_copy) unless `bf16_working_copy`
         is off, which leaves the casts to autocast (the same gradients; tests compare the two).
-        `native_optimizer` off keeps the copy's gradient sum, the clip and Adam in torch; on, they run in
-        fastrl_ext._optim where it is built: the same gradients, and a norm and weights that differ from
+        `cfg.native_optimizer` off keeps the copy's gradient sum, the clip and Adam in torch; on, they run
+        in fastrl_ext._optim where it is built: the same gradients, and a norm and weights that differ from
         torch's by rounding (tests compare).
         `split` (system.learner_split) says how the shards' threads share a sample minibatch: "rows",
         a piece each; "weight_grads", one minibatch whose CNN weight gradients the other threads
@@ -84,9 +84,10 @@ class APPOTrainer:
         # the MLPs' parameters and gradients as views of two flat tensors: the clip and Adam run over one
         # tensor each instead of a dozen (fastrl.algo.flat_params says why and when)
         self.flat = FlatParams(self.trained_params) if FlatParams.supported(self.trained_params) else None
-        self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps, flat=self.flat, native=native_optimizer)
+        self.optimizer = Adam(self.trained_params, lr=cfg.lr, eps=cfg.adam_eps, flat=self.flat,
+                              native=cfg.native_optimizer)
         # `net` runs every forward; `model` holds the fp32 weights that Adam updates and others read
-        self.bf16_copy = Bf16WorkingCopy(model, native_optimizer) if model.bf16 and bf16_working_copy else None
+        self.bf16_copy = Bf16WorkingCopy(model, cfg.native_optimizer) if model.bf16 and bf16_working_copy else None
         self.grad_sum_sq = None  # the last gradient's sum of squares, where the copy summed it natively
         # a minibatch's loss and gradient without autograd, where its pieces all run natively (algo.native_gradient)
         self.native_gradient = NativeGradient(model, cfg, self.flat) if NativeGradient.supported(

@@ -60,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dirs", nargs="+", help="run directories to compare")
     plot.add_argument("--out", default="curves.png", help="PNG to write (default curves.png)")
     plot.add_argument("--title", help="figure title (default: the run names)")
+    plot.add_argument("--at", type=_int_list, default=[], metavar="STEPS",
+                      help="also print each run's mean return at these env steps, comma-separated (e.g. 500000,1e6)")
+    plot.add_argument("--reach", type=_float_list, default=[], metavar="RETURNS",
+                      help="also print the env steps and minutes each run took to first reach these mean returns, "
+                           "comma-separated (e.g. -10,0,18)")
     return parser
 
 
@@ -71,6 +76,21 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
     return value
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(piece) for piece in text.split(",") if piece.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _int_list(text: str) -> list[int]:
+    """Env-step marks: whole numbers, which may be written 1e6 or 1_000_000."""
+    values = _float_list(text)
+    if any(v < 0 or v != int(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers of env steps, got {text!r}")
+    return [int(v) for v in values]
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -263,10 +283,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from fastrl.eval.curves import PlotError, plot_runs
+    from fastrl.eval.curves import PlotError, load_curve, plot_runs, return_table
 
+    run_dirs = [Path(d) for d in args.run_dirs]
     try:
-        print(f"wrote {plot_runs([Path(d) for d in args.run_dirs], Path(args.out), args.title)}")
+        if args.at or args.reach:
+            print(return_table([load_curve(d) for d in run_dirs], args.at, args.reach))
+        print(f"wrote {plot_runs(run_dirs, Path(args.out), args.title)}")
     except PlotError as e:
         return _one_line_error(str(e))
     return 0

@@ -58,3 +58,32 @@ def test_gif_of_image_observations(tmp_path):
         assert im.size == (252, 252) and im.n_frames == 5
     with pytest.raises(VideoError):
         write_video(frames, tmp_path / "e.mp4")
+
+
+def _write_metrics(run_dir, rows):
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def test_plot_prints_returns_at_marks_and_the_steps_to_reach_a_return(tmp_path, capsys):
+    """`fastrl plot --at/--reach`: the first report at or past each mark (not the nearest), blank where a
+    run stopped short or never got there; a resumed run's minutes count on from its first segment."""
+    def row(steps, wall, ret=None):
+        return {"env_steps": steps, "frames": 4 * steps, "wall_s": wall,
+                **({} if ret is None else {"episode/return_mean": ret})}
+
+    a = _write_metrics(tmp_path / "a", [row(500, 60, -20.0), row(900, 120, -5.0), row(1100, 180, 3.0),
+                                        row(2000, 240, 9.5)])
+    # resumed at 120 s: its clock restarts, so 60 s after the resume is minute 3
+    b = _write_metrics(tmp_path / "b", [row(400, 60), row(1000, 120, -12.0), row(1200, 60, -0.5)])
+    assert main(["plot", str(a), str(b), "--out", str(tmp_path / "c.png"), "--at", "1e3,2_000",
+                 "--reach", "0,-6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| run | 1,000 | 2,000 | to +0 | to -6 |"
+    assert lines[2] == "| a | +3.0 | +9.5 | 1,100 (3 min) | 900 (2 min) |"
+    assert lines[3] == "| b | -12.0 |  |  | 1,200 (3 min) |"
+    assert lines[4].startswith("wrote ")
+    for bad in ("-5", "1.5", "x"):
+        with pytest.raises(SystemExit):
+            main(["plot", str(a), "--at", bad])

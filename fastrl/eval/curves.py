@@ -1,6 +1,10 @@
 """`fastrl plot runs/<a> [runs/<b> ...]`: mean return (last 100 episodes) against env steps and
 against wall time, one line per run, from each run's metrics.jsonl. A resumed run continues its
-line: its wall clock restarts at each resume, so each segment is shifted to follow the last."""
+line: its wall clock restarts at each resume, so each segment is shifted to follow the last.
+
+`--at` and `--reach` also print the comparison as a table (`return_table`), so that figures quoted
+from several runs come from a command rather than from reading the chart: the mean return at
+env-step marks, and the env steps and minutes each run took to first reach a return."""
 
 from __future__ import annotations
 
@@ -34,6 +38,42 @@ def load_curve(run_dir: Path) -> dict:
         frames_per_step = max(1, round(row["frames"] / row["env_steps"]))
     return {"name": run_dir.name, "env_steps": steps, "wall_s": wall, "return": ret,
             "frames_per_env_step": frames_per_step}
+
+
+def return_at(curve: dict, env_steps: int) -> float | None:
+    """The mean return in the first report at or past `env_steps` (None if the run stopped short).
+    The first at or past, not the nearest: a run's value at a mark is then what it had by then."""
+    for steps, ret in zip(curve["env_steps"], curve["return"]):
+        if steps >= env_steps:
+            return ret
+    return None
+
+
+def first_reach(curve: dict, target: float) -> tuple[int, float] | None:
+    """(env steps, wall seconds) of the first report whose mean return is at least `target`, or None."""
+    for steps, wall, ret in zip(curve["env_steps"], curve["wall_s"], curve["return"]):
+        if ret >= target:
+            return steps, wall
+    return None
+
+
+def return_table(curves: list[dict], marks: list[int], reach: list[float]) -> str:
+    """A Markdown table, one row per run: the mean return at each env-step mark, then the env steps
+    (and minutes) to first reach each return in `reach`; blank where the run did not get there."""
+    head = ["run"] + [f"{m:,}" for m in marks] + [f"to {r:+g}" for r in reach]
+    rows = []
+    for c in curves:
+        row = [c["name"]]
+        for m in marks:
+            ret = return_at(c, m)
+            row.append("" if ret is None else f"{ret:+.1f}")
+        for r in reach:
+            hit = first_reach(c, r)
+            row.append("" if hit is None else f"{hit[0]:,} ({hit[1] / 60:.0f} min)")
+        rows.append(row)
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def plot_runs(run_dirs: list[Path], out: Path, title: str | None = None) -> Path:

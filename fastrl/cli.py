@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="also print each run's mean return at these env steps, comma-separated (e.g. 500000,1e6)")
     plot.add_argument("--reach", type=_float_list, default=[], metavar="RETURNS",
                       help="also print the env steps and minutes each run took to first reach these mean returns, "
-                           "comma-separated (e.g. -10,0,18)")
+                           "comma-separated; with an = where the first is negative (e.g. --reach=-10,0,18)")
     return parser
 
 

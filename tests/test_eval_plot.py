@@ -78,11 +78,11 @@ def test_plot_prints_returns_at_marks_and_the_steps_to_reach_a_return(tmp_path, 
     # resumed at 120 s: its clock restarts, so 60 s after the resume is minute 3
     b = _write_metrics(tmp_path / "b", [row(400, 60), row(1000, 120, -12.0), row(1200, 60, -0.5)])
     assert main(["plot", str(a), str(b), "--out", str(tmp_path / "c.png"), "--at", "1e3,2_000",
-                 "--reach", "0,-6"]) == 0
+                 "--reach=-6,0"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "| run | 1,000 | 2,000 | to +0 | to -6 |"
-    assert lines[2] == "| a | +3.0 | +9.5 | 1,100 (3 min) | 900 (2 min) |"
-    assert lines[3] == "| b | -12.0 |  |  | 1,200 (3 min) |"
+    assert lines[0] == "| run | 1,000 | 2,000 | to -6 | to +0 |"
+    assert lines[2] == "| a | +3.0 | +9.5 | 900 (2 min) | 1,100 (3 min) |"
+    assert lines[3] == "| b | -12.0 |  | 1,200 (3 min) |  |"
     assert lines[4].startswith("wrote ")
     for bad in ("-5", "1.5", "x"):
         with pytest.raises(SystemExit):

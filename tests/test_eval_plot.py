@@ -86,4 +86,5 @@ def test_plot_prints_returns_at_marks_and_the_steps_to_reach_a_return(tmp_path, 
     assert lines[4].startswith("wrote ")
     for bad in ("-5", "1.5", "x"):
         with pytest.raises(SystemExit):
-            main(["plot", str(a), "--at", bad])
+            main(["plot", str(a), f"--at={bad}"])  # with =, so that "-5" reaches the check
+        assert "expected comma-separated" in capsys.readouterr().err

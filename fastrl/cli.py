@@ -283,13 +283,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from fastrl.eval.curves import PlotError, load_curve, plot_runs, return_table
+    from fastrl.eval.curves import PlotError, load_curve, plot_curves, return_table
 
-    run_dirs = [Path(d) for d in args.run_dirs]
     try:
+        curves = [load_curve(Path(d)) for d in args.run_dirs]  # read once, for the table and the chart
         if args.at or args.reach:
-            print(return_table([load_curve(d) for d in run_dirs], args.at, args.reach))
-        print(f"wrote {plot_runs(run_dirs, Path(args.out), args.title)}")
+            print(return_table(curves, args.at, args.reach))
+        print(f"wrote {plot_curves(curves, Path(args.out), args.title)}")
     except PlotError as e:
         return _one_line_error(str(e))
     return 0

@@ -76,13 +76,13 @@ def return_table(curves: list[dict], marks: list[int], reach: list[float]) -> st
     return "\n".join(lines)
 
 
-def plot_runs(run_dirs: list[Path], out: Path, title: str | None = None) -> Path:
+def plot_curves(curves: list[dict], out: Path, title: str | None = None) -> Path:
+    """The chart of `load_curve`'s curves, written to `out`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = [load_curve(d) for d in run_dirs]
     fig, (ax_steps, ax_wall) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for c in curves:
         ax_steps.plot(c["env_steps"], c["return"], label=c["name"])

@@ -95,9 +95,10 @@ class AlgoConfig:
         "would run the same native pieces (model.native_mlp's layers, native_vtrace, native_loss, fp32, one "
         "learner shard, minibatches_per_weights 1); the same math to float rounding. false keeps autograd.")
     native_optimizer: bool = opt(
-        True, "Take the gradient clip's norm and the Adam step in fastrl_ext._optim when the weights are float32 on "
-        "the CPU (fastrl.algo.adam): one single-threaded pass per tensor that applies the clip's scale as it reads "
-        "the gradients, and with a bf16 working copy also rounds the new weights into it. Pong's fp32 learner on "
+        True, "Take the Adam step in fastrl_ext._optim when the weights are float32 on the CPU (fastrl.algo.adam), "
+        "and, where the parameters are not one flat buffer (the CNN), the clip's norm too: one single-threaded "
+        "pass per tensor that applies the clip's scale as it reads the gradients, and with a bf16 working copy "
+        "also rounds the new weights into it. The MLP presets' flat buffer keeps torch's clip. Pong's fp32 learner on "
         "the AVX2 EPYC spent 61 wall ms a batch there against 87 in torch's clip and fused Adam on two threads "
         "(bench/optim_microbench.py --learner). The same update to float rounding; false keeps torch's.")
     clip_ratio: float = opt(0.1, "PPO clip epsilon of the surrogate objective.")

@@ -308,7 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     single_threaded_blas()
     args = _parser().parse_args(argv)
     commands = {"train": cmd_train, "bench": cmd_bench, "tune": cmd_tune, "eval": cmd_eval, "plot": cmd_plot}
-    return commands[args.command](args)
+    try:
+        return commands[args.command](args)
+    except KeyboardInterrupt:
+        # a Ctrl-C before a command's own handling is in place (a run's is once its runner starts,
+        # about half a second in): one line, not a traceback through whatever was importing
+        print(f"fastrl {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

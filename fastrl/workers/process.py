@@ -176,6 +176,39 @@ def child_environment(overrides: dict[str, str]):
                 os.environ[key] = value
 
 
+@contextlib.contextmanager
+def sigint_ignored_from_birth():
+    """Children started inside this block ignore SIGINT from their first instruction.
+
+    A terminal's Ctrl-C reaches the whole process group. A spawned child sets SIG_IGN only once
+    child_main runs, after the spawn bootstrap has re-imported the main module and unpickled
+    its arguments; a Ctrl-C in that second printed a KeyboardInterrupt traceback per starting
+    child, while the runner shut the run down cleanly anyway. An exec keeps an ignored
+    disposition (the signal mask it does not: the spawn resets it), and Python then installs
+    no KeyboardInterrupt handler. This process's own Ctrl-C meanwhile is blocked rather than
+    lost: Linux queues a blocked signal even while its action is SIG_IGN, and delivers it to
+    the restored handler when the block lifts. The block covers the calling thread only: with
+    other threads alive (tensorboard's writer, envpool's during the env probe), a Ctrl-C in the
+    ~1 ms a spawn's start() takes can land on one of them and be dropped, and the next press
+    then stops the run. Off the main thread (signal.signal would refuse), the block does nothing."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # setting SIG_IGN discards a SIGINT already pending: one that came in the moment since the block
+    came_before = signal.SIGINT in signal.sigpending()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if came_before:
+            signal.raise_signal(signal.SIGINT)
+
+
 def environment_at_exec() -> dict[str, str]:
     """This process's environment as it was exec'd (what libraries loaded at startup saw)."""
     try:

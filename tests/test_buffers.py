@@ -1,4 +1,5 @@
-"""Shared-memory arrays, the seqlocked weight publication and stale-segment cleanup."""
+"""Shared-memory arrays, the seqlocked weight publication, and the cleanup of segments whose owner
+died (its janitor, and the next run's sweep of stale segments)."""
 
 import multiprocessing as mp
 import os
@@ -6,6 +7,7 @@ import pickle
 import stat
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -41,6 +43,44 @@ def test_array_is_shared_with_a_spawned_process():
         assert arr.array[1, 2] == 42.0
     finally:
         alloc.unlink_all()
+
+
+OWNER = """
+import sys, time
+import numpy as np
+from fastrl.buffers import ShmAllocator
+alloc = ShmAllocator()
+arr = alloc.array("obs", (1024,), np.uint8)
+print(alloc.prefix, alloc.janitor.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_owners_segments_are_removed_by_its_janitor():
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        prefix, janitor_pid = owner.stdout.readline().split()
+        assert list(SHM_DIR.glob(prefix + ".*"))
+        # a `pkill -f fastrl` aimed at the run must not match the process that cleans up after it
+        with open(f"/proc/{janitor_pid}/cmdline") as cmdline:
+            assert "fastrl" not in cmdline.read()
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+    deadline = time.monotonic() + 10
+    while list(SHM_DIR.glob(prefix + ".*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not list(SHM_DIR.glob(prefix + ".*")), "a kill -9 left the owner's segments in /dev/shm"
+
+
+def test_an_orderly_end_lets_the_janitor_go():
+    alloc = ShmAllocator()
+    alloc.array("x", (4,), np.uint8)
+    janitor = alloc.janitor
+    assert janitor.poll() is None
+    alloc.unlink_all()
+    assert janitor.returncode == 0 and alloc.janitor is None
 
 
 def test_stale_segments_of_dead_runs_are_removed():

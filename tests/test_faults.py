@@ -137,7 +137,9 @@ def test_kill_9_of_the_whole_run_then_resume(tmp_path):
     while first.leftover_children() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert first.leftover_children() == [], "children outlived a kill -9 of the runner"
-    assert first.leftover_segments(), "expected the killed run's segments to still be there"
+    while first.leftover_segments() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.leftover_segments() == [], "the killed run's janitor did not remove its segments"
     newest = sorted(ckpts.glob("checkpoint_*.pt"))[-1]
     import torch
 
@@ -145,7 +147,6 @@ def test_kill_9_of_the_whole_run_then_resume(tmp_path):
     second = RunProcess("--resume", "--set", f"run.train_for_env_steps={saved['env_steps'] + 20000}",
                         runs_dir=tmp_path)
     assert second.wait(120) == 0, second.output
-    assert first.leftover_segments() == [], "the next start did not remove a dead run's segments"
     s2 = second.summary()
     assert s2["env_steps"] >= saved["env_steps"] + 20000
     assert s2["train_steps"] > saved["train_steps"] and s2["policy_version"] > saved["policy_version"]

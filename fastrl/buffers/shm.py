@@ -2,8 +2,15 @@
 
 We open /dev/shm files ourselves instead of using multiprocessing.shared_memory: its
 resource tracker unlinks segments when any attaching child exits (a known CPython bug before
-3.13), and we want the runner alone to own creation and unlinking. Each segment name carries
-the runner's pid, so a later run can remove what a killed run left behind.
+3.13), and we want the runner alone to own creation and unlinking.
+
+A runner killed outright (kill -9, the OOM killer, a closed terminal's SIGHUP) runs no cleanup,
+and /dev/shm is memory: its segments would hold RAM until something removed them. So the
+allocator's first segment starts a janitor, a `sh` in its own session that blocks reading a
+pipe only this process writes to. Whichever way this process ends, the kernel closes that pipe,
+the janitor's read returns, and it removes every segment under the run's prefix (nothing, after
+an orderly end). Each segment name also carries the runner's pid, so that a later run removes
+what a dead run left behind should the janitor itself have been killed.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import mmap
 import os
 import re
 import secrets
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -51,18 +59,36 @@ class ShmArray:
             pass
 
 
+# `read` returns at EOF, which comes once every copy of the pipe's writing end is closed, however
+# the writer ended. The prefix travels in the environment, not the command line, so that a
+# `pkill -9 -f fastrl` meant for the run does not kill the one process that cleans up after it.
+JANITOR_SCRIPT = 'read _; rm -f -- "$SEGMENTS".*'
+JANITOR_EXIT_S = 2.0
+
+
 class ShmAllocator:
     """Creates this run's segments under one unique prefix and unlinks them all at the end."""
 
     def __init__(self):
         self.prefix = f"{PREFIX}.{os.getpid()}.{secrets.token_hex(3)}"
         self.arrays: list[ShmArray] = []
+        self.janitor: subprocess.Popen | None = None
+
+    def _start_janitor(self) -> None:
+        # its own session: a terminal's Ctrl-C or hang-up must not stop it before it has cleaned up;
+        # the pipe's writing end is not inheritable, so spawned workers do not hold it open
+        self.janitor = subprocess.Popen(["/bin/sh", "-c", JANITOR_SCRIPT, "shm-janitor"],
+                                        env={**os.environ, "SEGMENTS": str(SHM_DIR / self.prefix)},
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
 
     def name_of(self, name: str) -> str:
         """The segment name `array(name, ...)` creates (known before the segment exists)."""
         return f"{self.prefix}.{name}"
 
     def array(self, name: str, shape: tuple, dtype) -> ShmArray:
+        if self.janitor is None:
+            self._start_janitor()
         arr = ShmArray(self.name_of(name), shape, dtype, create=True)
         self.arrays.append(arr)
         return arr
@@ -77,6 +103,19 @@ class ShmAllocator:
         # anything created under our prefix by a path we did not track
         for path in SHM_DIR.glob(self.prefix + ".*"):
             path.unlink(missing_ok=True)
+        self._stop_janitor()
+
+    def _stop_janitor(self) -> None:
+        """Let the janitor go (it finds nothing left to remove) and reap it."""
+        janitor, self.janitor = self.janitor, None
+        if janitor is None:
+            return
+        janitor.stdin.close()
+        try:
+            janitor.wait(JANITOR_EXIT_S)
+        except subprocess.TimeoutExpired:
+            janitor.kill()
+            janitor.wait()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -81,6 +81,27 @@ def test_an_orderly_end_lets_the_janitor_go():
     assert janitor.poll() is None
     alloc.unlink_all()
     assert janitor.returncode == 0 and alloc.janitor is None
+    alloc.array("y", (4,), np.uint8)  # used again: a new janitor watches the new segment
+    assert alloc.janitor is not None and alloc.janitor.poll() is None
+    alloc.unlink_all()
+
+
+def test_segments_are_made_without_a_janitor_where_none_can_start(monkeypatch):
+    tries = []
+
+    def no_shell(*args, **kwargs):
+        tries.append(args)
+        raise FileNotFoundError("/bin/sh")
+
+    monkeypatch.setattr(subprocess, "Popen", no_shell)
+    alloc = ShmAllocator()
+    try:
+        arr = alloc.array("x", (4,), np.uint8)
+        alloc.array("y", (4,), np.uint8)  # one try per allocator, not one per segment
+        assert alloc.janitor is None and (SHM_DIR / arr.name).exists() and len(tries) == 1
+    finally:
+        alloc.unlink_all()
+    assert not list(SHM_DIR.glob(alloc.prefix + ".*"))
 
 
 def test_stale_segments_of_dead_runs_are_removed():

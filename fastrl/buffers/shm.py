@@ -77,17 +77,20 @@ class ShmAllocator:
     def _start_janitor(self) -> None:
         # its own session: a terminal's Ctrl-C or hang-up must not stop it before it has cleaned up;
         # the pipe's writing end is not inheritable, so spawned workers do not hold it open
-        self.janitor = subprocess.Popen(["/bin/sh", "-c", JANITOR_SCRIPT, "shm-janitor"],
-                                        env={**os.environ, "SEGMENTS": str(SHM_DIR / self.prefix)},
-                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
+        try:
+            self.janitor = subprocess.Popen(["/bin/sh", "-c", JANITOR_SCRIPT, "shm-janitor"],
+                                            env={**os.environ, "SEGMENTS": str(SHM_DIR / self.prefix)},
+                                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            pass  # no /bin/sh (a distroless image): the next start's sweep of stale segments remains
 
     def name_of(self, name: str) -> str:
         """The segment name `array(name, ...)` creates (known before the segment exists)."""
         return f"{self.prefix}.{name}"
 
     def array(self, name: str, shape: tuple, dtype) -> ShmArray:
-        if self.janitor is None:
+        if not self.arrays and self.janitor is None:
             self._start_janitor()
         arr = ShmArray(self.name_of(name), shape, dtype, create=True)
         self.arrays.append(arr)
@@ -100,6 +103,7 @@ class ShmAllocator:
     def unlink_all(self) -> None:
         for a in self.arrays:
             a.unlink()
+        self.arrays = []  # a later array() starts afresh, with a janitor of its own
         # anything created under our prefix by a path we did not track
         for path in SHM_DIR.glob(self.prefix + ".*"):
             path.unlink(missing_ok=True)

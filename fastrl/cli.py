@@ -184,7 +184,7 @@ def _train(args: argparse.Namespace, saved: dict | None, warm) -> int:
         return loaded
     cfg, spec = loaded
 
-    from fastrl.rundir import (CheckpointError, RunDirError, latest_checkpoint, remove_partial_files,
+    from fastrl.rundir import (CheckpointError, RunDirError, claim_run_dir, latest_checkpoint, remove_partial_files,
                                resolve_run_dir, validate_checkpoint, write_run_config)
 
     if args.checkpoint and not args.resume:
@@ -204,16 +204,21 @@ def _train(args: argparse.Namespace, saved: dict | None, warm) -> int:
                 validate_checkpoint(resume_ckpt, ActorCritic(spec, cfg.model))
             except CheckpointError as e:
                 return _one_line_error(str(e))
-    write_run_config(run_dir, config_to_dict(cfg))
-    if args.resume:
-        for partial in remove_partial_files(run_dir / "checkpoints"):
-            print(f"fastrl: removed {partial.name}, a checkpoint write that was interrupted")
-        if resume_ckpt is None:
-            print(f"fastrl: --resume: no checkpoint in {run_dir / 'checkpoints'}; starting from scratch")
+    try:
+        lock = claim_run_dir(run_dir, args.resume)  # before the first write into it
+    except RunDirError as e:
+        return _one_line_error(str(e))
+    with lock:
+        write_run_config(run_dir, config_to_dict(cfg))
+        if args.resume:
+            for partial in remove_partial_files(run_dir / "checkpoints"):
+                print(f"fastrl: removed {partial.name}, a checkpoint write that was interrupted")
+            if resume_ckpt is None:
+                print(f"fastrl: --resume: no checkpoint in {run_dir / 'checkpoints'}; starting from scratch")
 
-    from fastrl.runner.runner import Runner
+        from fastrl.runner.runner import Runner
 
-    return Runner(cfg, spec, run_dir, resume_ckpt, warm=warm).run()
+        return Runner(cfg, spec, run_dir, resume_ckpt, warm=warm).run()
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

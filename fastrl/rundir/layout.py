@@ -1,12 +1,18 @@
 """The run directory a user gets: runs/<name>/ with config.json, TensorBoard events,
-checkpoints/, train.log and, at the end, summary.json.
+checkpoints/, train.log, run.lock (the pid of the `fastrl train` that holds it) and, at the end,
+summary.json.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import time
 from pathlib import Path
+from typing import IO
+
+LOCK_NAME = "run.lock"
 
 
 class RunDirError(Exception):
@@ -32,6 +38,36 @@ def resolve_run_dir(runs_dir: Path, name: str | None, env_id: str, resume: bool)
     elif run_dir.exists():
         raise RunDirError(f"run directory {run_dir} already exists; use --resume to continue it or choose another --name")
     return run_dir
+
+
+def claim_run_dir(run_dir: Path, resume: bool) -> IO[str]:
+    """Hold `run_dir` for this process until the returned file is closed or the process ends.
+
+    Without it, a `--resume` started while the run was still going (a second terminal) trained
+    beside it into the same directory: two writers of its checkpoints and metrics, and, before
+    the first checkpoint, a second network from scratch. The hold is an exclusive flock, which
+    the kernel releases however the holder ends (kill -9 included), so it never goes stale. A
+    fresh run makes its directory here, exclusively: two fresh runs of one --name cannot both
+    have it."""
+    if not resume:
+        try:
+            run_dir.mkdir(parents=True)
+        except FileExistsError:
+            raise RunDirError(f"run directory {run_dir} already exists; use --resume to continue it "
+                              "or choose another --name") from None
+    lock = open(run_dir / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise RunDirError(f"run directory {run_dir} is in use by another fastrl train (pid {holder}); "
+                          "stop that one first, or choose another --name") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 def write_run_config(run_dir: Path, config_dict: dict) -> None:

@@ -1,11 +1,14 @@
 """Checkpoints a user (or an attacker) might hand fastrl: truncated, from another model, a pickle
 that carries code. Each is refused with one line and exit 2, and nothing on disk changes.
-Also: a checkpoint write killed at any instant never leaves a partial file under a final name."""
+Also: a checkpoint write killed at any instant never leaves a partial file under a final name, and
+one the disk refuses (full) leaves no partial file at all and says why in one line."""
 
 import multiprocessing as mp
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -121,3 +124,43 @@ def test_a_save_killed_at_any_moment_leaves_only_complete_checkpoints(tmp_path):
             assert load_checkpoint(f)["model"]["w"].numel() == 1_000_000
     remove_partial_files(tmp_path)
     assert not list(tmp_path.glob(".checkpoint_*"))
+
+
+FULL_DISK = """
+import resource, sys
+from pathlib import Path
+import torch
+from fastrl.rundir import save_checkpoint
+from fastrl.rundir.checkpoints import CheckpointWriteError
+ckpt_dir = Path(sys.argv[1])
+state = {"model": {"w": torch.zeros(1000)}, "train_steps": 1}
+save_checkpoint(ckpt_dir, state, keep=3)  # a small one fits
+# a file-size limit makes the kernel refuse writes past 200 kB (EFBIG), as a full disk would (ENOSPC)
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+try:
+    save_checkpoint(ckpt_dir, {"model": {"w": torch.zeros(1_000_000)}, "train_steps": 2}, keep=3)
+except CheckpointWriteError as e:
+    print(e)
+"""
+
+
+def test_a_checkpoint_that_cannot_be_written_is_removed_and_named_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    # the OSError behind torch's own error, and the checkpoint a resume would use
+    assert "could not write" in line and "checkpoint_000000000002.pt" in line and "File too large" in line, line
+    assert "the newest complete checkpoint is" in line and "checkpoint_000000000001.pt" in line, line
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint_000000000001.pt"]
+
+
+def test_a_json_write_that_fails_leaves_no_temp_file(tmp_path, monkeypatch):
+    from fastrl.rundir import write_json
+
+    def full_disk(self, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_json(tmp_path / "summary.json", {"env_steps": 1})
+    assert list(tmp_path.iterdir()) == []

@@ -25,14 +25,37 @@ def save_checkpoint(ckpt_dir: Path, state: dict, keep: int) -> Path:
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     import torch  # here, not at the top: `fastrl train` reaches its first sample sooner without it
 
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except (OSError, RuntimeError) as e:
+        # a full disk: the partial file would hold the very space the run's other writes need, and
+        # torch's own error ("unexpected pos ...") hides the OSError that caused it
+        tmp.unlink(missing_ok=True)
+        newest = latest_checkpoint(ckpt_dir)
+        raise CheckpointWriteError(f"could not write {final}: {_root_cause(e)}; the partial file was removed; "
+                                   + (f"the newest complete checkpoint is {newest}" if newest
+                                      else "there is no complete checkpoint yet")) from e
     for old in list_checkpoints(ckpt_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint that could not be written (its partial file removed): one line saying why."""
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The OSError behind `error` where there is one (torch wraps a failed write in its own error)."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return error
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:

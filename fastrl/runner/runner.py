@@ -281,7 +281,10 @@ class Runner:
                            env_steps_by_rollout_worker=[int(n) for n in control.env_steps.array],
                            rollout_pinned_fraction=None if self.placement is None
                            else round(self.placement.pinned_fraction(), 3))
-            write_json(self.run_dir / "summary.json", summary)
+            try:
+                write_json(self.run_dir / "summary.json", summary)
+            except OSError as e:  # a full disk: the summary line below still says it all
+                self.say(f"WARNING: could not write summary.json: {e}")
             self._report(stats, control, echo=False)
             self.say(format_summary(summary, self.run_dir))
             return 1 if self.failure else 0

@@ -30,7 +30,7 @@ from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec, make_groups
 from fastrl.envs.vector import shares_one_envpool
 from fastrl.workers.learner import build_learner_model
-from fastrl.workers.process import keep_freed_heap, name_process_and_die_with_parent, sigint_ignored_from_birth
+from fastrl.workers.process import keep_freed_heap, name_process_and_die_with_parent, terminal_signals_ignored_from_birth
 
 Progress = Callable[[float, str], None]  # (fraction done, text)
 ACTION_POOL = 16  # random action batches cycled through, so the stage does not time the RNG
@@ -114,7 +114,7 @@ def bench_env(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) ->
     procs = [ctx.Process(target=env_worker, args=(cfg, spec, i, counters), daemon=True, name=f"bench-env-{i}")
              for i in range(workers)]
     for p in procs:
-        with sigint_ignored_from_birth():
+        with terminal_signals_ignored_from_birth():
             p.start()
     sampler = TreeSampler()
     for i, p in enumerate(procs):

@@ -4,7 +4,7 @@ We open /dev/shm files ourselves instead of using multiprocessing.shared_memory:
 resource tracker unlinks segments when any attaching child exits (a known CPython bug before
 3.13), and we want the runner alone to own creation and unlinking.
 
-A runner killed outright (kill -9, the OOM killer, a closed terminal's SIGHUP) runs no cleanup,
+A runner killed outright (kill -9, the OOM killer, a signal it does not handle) runs no cleanup,
 and /dev/shm is memory: its segments would hold RAM until something removed them. So the
 allocator's first segment starts a janitor, a `sh` in its own session that blocks reading a
 pipe only this process writes to. Whichever way this process ends, the kernel closes that pipe,

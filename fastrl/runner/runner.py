@@ -3,7 +3,7 @@ reports progress, and stops everything in order.
 
 Shutdown order: set the shared stop flag; the learner writes its final checkpoint; every child
 is joined (then terminated, then killed if it will not go); every shared-memory segment is
-unlinked. That runs on a normal end, on Ctrl-C / SIGTERM, and when a child fails.
+unlinked. That runs on a normal end, on Ctrl-C / SIGTERM / SIGHUP, and when a child fails.
 """
 
 from __future__ import annotations
@@ -60,10 +60,18 @@ class Runner:
     def say(self, text: str) -> None:
         self.log.info(text)
         if self.echo:
-            print(text, flush=True)
+            try:
+                print(text, flush=True)
+            except OSError:  # the terminal went away (EIO after a hang-up): train.log still gets every line
+                self.echo = False
 
     # --- signals: the first asks for an orderly stop, the second leaves at once
     def _on_signal(self, signum, _frame) -> None:
+        if signum == signal.SIGHUP:
+            # never "the second": a hang-up can come twice (the kernel's to a session leader, and a
+            # shell's to its jobs), and nobody is left at the terminal to be in a hurry
+            self.stop_reason = self.stop_reason or "received SIGHUP"
+            return
         self.interrupts += 1
         if self.interrupts == 1:
             self.stop_reason = f"received {signal.Signals(signum).name}"
@@ -219,7 +227,9 @@ class Runner:
         removed = remove_stale_segments()
         if removed:
             self.log.info("removed %d shared-memory segments left by dead runs", len(removed))
-        old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        # SIGHUP too: a closed terminal or a dropped ssh session stops the run with a final checkpoint
+        # and its summary, as Ctrl-C does, instead of killing it mid-batch
+        old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self._learner_log = open(self.run_dir / "learner.jsonl", "a", buffering=1)
         self._metrics_log = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
         serial = None

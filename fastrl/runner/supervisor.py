@@ -29,7 +29,7 @@ from fastrl.buffers.control import INFERENCE_EPOCH, RECLAIM_EPOCH
 from fastrl.config.schema import Config
 from fastrl.runner.warm_start import WarmChildren
 from fastrl.workers.process import (WorkerContext, child_environment, child_env_overrides, child_main, heartbeat_index,
-                                   process_name, sigint_ignored_from_birth)
+                                   process_name, terminal_signals_ignored_from_birth)
 
 LEARNER_JOIN_S = 60.0  # the learner may be mid-batch and then writes the final checkpoint
 WORKER_JOIN_S = 10.0
@@ -93,7 +93,7 @@ class Supervisor:
         p = None if self.warm is None or overrides else self.warm.take(role, index, args)
         if p is None:
             p = self._spawn_ctx.Process(target=child_main, args=args, name=name, daemon=True)
-            with child_environment(overrides), sigint_ignored_from_birth():
+            with child_environment(overrides), terminal_signals_ignored_from_birth():
                 p.start()
         old = self.children.get(name)
         self.children[name] = Child(role, index, p, time.time(), hb, old.restarts if old else deque())

@@ -23,7 +23,7 @@ import multiprocessing as mp
 from multiprocessing.connection import Connection
 
 from fastrl.config.schema import Config
-from fastrl.workers.process import process_name, sigint_ignored_from_birth, warm_child_main
+from fastrl.workers.process import process_name, terminal_signals_ignored_from_birth, warm_child_main
 
 # what an inference worker's loop imports anyway
 WARM_IMPORTS = ("fastrl.workers.inference", "torch")
@@ -48,7 +48,7 @@ class WarmChildren:
             reader, writer = spawn.Pipe(duplex=False)
             process = spawn.Process(target=warm_child_main, args=("inference", index, WARM_IMPORTS, reader),
                                     name=process_name("inference", index), daemon=True)
-            with sigint_ignored_from_birth():
+            with terminal_signals_ignored_from_birth():
                 process.start()
             reader.close()  # the child holds the reading end now
             self._waiting[("inference", index)] = (process, writer)

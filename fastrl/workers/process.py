@@ -1,5 +1,5 @@
 """What every child process does around its loop: name itself, die with its parent, set torch
-threads, ignore Ctrl-C (the runner orchestrates shutdown), log to the run's log file, and
+threads, ignore Ctrl-C and a terminal's hang-up (the runner orchestrates shutdown), log to the run's log file, and
 report a crash with its traceback to the runner before exiting (the runner then replaces a
 rollout or inference worker, or stops the run if it was the learner).
 """
@@ -176,37 +176,43 @@ def child_environment(overrides: dict[str, str]):
                 os.environ[key] = value
 
 
-@contextlib.contextmanager
-def sigint_ignored_from_birth():
-    """Children started inside this block ignore SIGINT from their first instruction.
+# what a terminal sends the whole foreground process group: Ctrl-C, and SIGHUP when it goes away
+# (a closed window, a dropped ssh session). The runner alone decides how the run stops on either.
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
 
-    A terminal's Ctrl-C reaches the whole process group. A spawned child sets SIG_IGN only once
-    child_main runs, after the spawn bootstrap has re-imported the main module and unpickled
-    its arguments; a Ctrl-C in that second printed a KeyboardInterrupt traceback per starting
-    child, while the runner shut the run down cleanly anyway. An exec keeps an ignored
-    disposition (the signal mask it does not: the spawn resets it), and Python then installs
-    no KeyboardInterrupt handler. This process's own Ctrl-C meanwhile is blocked rather than
-    lost: Linux queues a blocked signal even while its action is SIG_IGN, and delivers it to
-    the restored handler when the block lifts. The block covers the calling thread only: with
-    other threads alive (tensorboard's writer, envpool's during the env probe), a Ctrl-C in the
-    ~1 ms a spawn's start() takes can land on one of them and be dropped, and the next press
-    then stops the run. Off the main thread (signal.signal would refuse), the block does nothing."""
+
+@contextlib.contextmanager
+def terminal_signals_ignored_from_birth():
+    """Children started inside this block ignore the terminal's signals from their first instruction.
+
+    A spawned child sets SIG_IGN only once child_main runs, after the spawn bootstrap has
+    re-imported the main module and unpickled its arguments; a Ctrl-C in that second printed a
+    KeyboardInterrupt traceback per starting child, while the runner shut the run down cleanly
+    anyway. An exec keeps an ignored disposition (the signal mask it does not: the spawn resets
+    it), and Python then installs no KeyboardInterrupt handler. This process's own signals
+    meanwhile are blocked rather than lost: Linux queues a blocked signal even while its action
+    is SIG_IGN, and delivers it to the restored handler when the block lifts. The block covers
+    the calling thread only: with other threads alive (tensorboard's writer, envpool's during the
+    env probe), a signal in the ~1 ms a spawn's start() takes can land on one of them and be
+    dropped, and the next Ctrl-C then stops the run. Off the main thread (signal.signal would
+    refuse), the block does nothing."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    # setting SIG_IGN discards a SIGINT already pending: one that came in the moment since the block
-    came_before = signal.SIGINT in signal.sigpending()
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(TERMINAL_SIGNALS))
+    # setting SIG_IGN discards a signal already pending: one that came in the moment since the block
+    came_before = set(TERMINAL_SIGNALS) & signal.sigpending()
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in TERMINAL_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        if came_before:
-            signal.raise_signal(signal.SIGINT)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(TERMINAL_SIGNALS))
+        for s in came_before:
+            signal.raise_signal(s)
 
 
 def environment_at_exec() -> dict[str, str]:
@@ -233,7 +239,8 @@ def warm_child_main(role: str, index: int, imports: tuple[str, ...], reader) -> 
     what the role will need, then run `child_main` with the arguments the supervisor sends, or
     return if the runner closes the pipe first (the run never started)."""
     name_process_and_die_with_parent(process_name(role, index))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for terminal_signal in TERMINAL_SIGNALS:  # the runner alone stops the run
+        signal.signal(terminal_signal, signal.SIG_IGN)
     for module in imports:
         importlib.import_module(module)
     imported_at = time.monotonic()
@@ -257,7 +264,8 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str, warm_w
     # read first: setproctitle may reuse the memory /proc/self/environ shows for the title
     omp_wait_at_exec = environment_at_exec().get("OMP_WAIT_POLICY", "unset")
     name_process_and_die_with_parent(name)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for terminal_signal in TERMINAL_SIGNALS:  # the runner alone stops the run
+        signal.signal(terminal_signal, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: ctx.control.request_stop())
     if os.getppid() == 1:  # the runner died before we got here
         return

@@ -88,6 +88,28 @@ def test_hung_env_is_detected_by_heartbeat_and_replaced(tmp_path):
     assert_clean(run)
 
 
+def test_envs_slow_to_make_are_not_taken_for_a_hang(tmp_path):
+    # 16 envs per group at 0.25 s each: every group takes 4 s to make in one call, twice the heartbeat
+    # timeout (hundreds of Atari envs at idle priority took minutes, and were replaced as hung)
+    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(make_delay_s=0.25), "--set", "system.heartbeat_timeout_s=2",
+                     "--set", "run.train_for_env_steps=60000", runs_dir=tmp_path)
+    assert run.wait(150) == 0, run.output
+    assert "WARNING" not in run.output, run.output
+    assert run.summary()["worker_restarts"] == {}
+    log = (run.run_dir / "train.log").read_text()
+    assert "built the other 1 group(s)" in log  # the mid-run make, after slots were handed over, was covered too
+    assert_clean(run)
+
+
+def test_a_make_past_its_own_limit_is_a_hang(tmp_path):
+    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(make_delay_s=0.25), "--set", "system.env_make_timeout_s=1",
+                     "--set", "system.max_restarts_per_worker=1", "--set", "run.train_for_env_steps=10000000",
+                     runs_dir=tmp_path)
+    assert run.wait(150) == 1, run.output
+    assert "took more than 1 s to make its envs (hung)" in run.output
+    assert_clean(run)
+
+
 def test_a_worker_that_keeps_dying_stops_the_run(tmp_path):
     run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(crash_after=2000),
                      "--set", "system.max_restarts_per_worker=1", "--set", "run.train_for_env_steps=10000000",

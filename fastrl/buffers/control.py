@@ -21,6 +21,7 @@ in no ring and owned by nobody, lost to the run for good.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -36,7 +37,8 @@ JOURNAL_IDLE, JOURNAL_HANDOVER, JOURNAL_TAKE = 0, 1, 2
 class SharedControl:
     def __init__(self, flags: ShmArray, heartbeats: ShmArray, env_steps: ShmArray, wait_s: ShmArray,
                  inference_counts: ShmArray, rollout_generation: ShmArray, inference_seen_epoch: ShmArray,
-                 slot_owner: ShmArray, nonfinite: ShmArray, inflight_steps: ShmArray, slot_journal: ShmArray):
+                 slot_owner: ShmArray, nonfinite: ShmArray, inflight_steps: ShmArray, slot_journal: ShmArray,
+                 making_envs_since: ShmArray):
         self.flags, self.heartbeats, self.env_steps = flags, heartbeats, env_steps
         self.wait_s = wait_s  # per process (heartbeat index): seconds blocked waiting for another process
         self.inference_counts = inference_counts  # per inference worker: [batches, samples]
@@ -46,6 +48,7 @@ class SharedControl:
         self.nonfinite = nonfinite  # per rollout worker: transitions masked for non-finite obs/reward
         self.inflight_steps = inflight_steps  # per rollout worker: env steps in its unfinished slots (lost if it dies)
         self.slot_journal = slot_journal  # per rollout worker: the slot hand-off it is inside (see the module doc)
+        self.making_envs_since = making_envs_since  # per process: when its env-making call began (0: none; see making_envs)
 
     @staticmethod
     def allocate(alloc: ShmAllocator, num_processes: int, num_rollout_workers: int,
@@ -60,7 +63,8 @@ class SharedControl:
                                 alloc.array("slot_owner", (num_slots,), np.int64),
                                 alloc.array("nonfinite", (num_rollout_workers,), np.int64),
                                 alloc.array("inflight_steps", (num_rollout_workers,), np.int64),
-                                alloc.array("slot_journal", (num_rollout_workers, 4), np.int64))
+                                alloc.array("slot_journal", (num_rollout_workers, 4), np.int64),
+                                alloc.array("making_envs_since", (num_processes,), np.float64))
         control.slot_owner.array[:] = NO_OWNER
         return control
 
@@ -73,6 +77,20 @@ class SharedControl:
 
     def beat(self, process_index: int) -> None:
         self.heartbeats.array[process_index] = time.time()
+
+    @contextlib.contextmanager
+    def making_envs(self, process_index: int):
+        """Around a call that makes envs and cannot beat meanwhile: envpool makes a group's envs in one
+        call that holds the GIL (a helper thread could not beat either), ~0.2 CPU-s per Atari env here,
+        so hundreds of envs at idle priority beside a running pipeline took minutes and were taken
+        for a hang. The runner allows such a call system.env_make_timeout_s instead."""
+        self.beat(process_index)
+        self.making_envs_since.array[process_index] = time.time()
+        try:
+            yield
+        finally:
+            self.making_envs_since.array[process_index] = 0.0
+            self.beat(process_index)
 
     def add_wait(self, process_index: int, seconds: float) -> None:
         self.wait_s.array[process_index] += seconds

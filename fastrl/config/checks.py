@@ -80,7 +80,8 @@ def check_config(cfg: Config) -> list[str]:
     for key, value in {"algo.lr": a.lr, "algo.clip_ratio": a.clip_ratio, "algo.max_grad_norm": a.max_grad_norm,
                        "algo.adam_eps": a.adam_eps, "algo.rho_bar": a.rho_bar, "algo.c_bar": a.c_bar,
                        "run.report_interval_s": r.report_interval_s, "run.save_every_s": r.save_every_s,
-                       "system.heartbeat_timeout_s": sysc.heartbeat_timeout_s}.items():
+                       "system.heartbeat_timeout_s": sysc.heartbeat_timeout_s,
+                       "system.env_make_timeout_s": sysc.env_make_timeout_s}.items():
         if not value > 0:
             problems.append(f"{key} must be > 0, got {value}")
     for key, value in {"algo.gamma": a.gamma, "algo.vtrace_lambda": a.vtrace_lambda,

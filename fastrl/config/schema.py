@@ -239,6 +239,9 @@ class SystemConfig:
     heartbeat_timeout_s: float = opt(
         60.0, "A child silent this long is hung: a rollout/inference worker is replaced, a hung learner stops the run.")
     startup_timeout_s: float = opt(120.0, "Time allowed for a child to start (first heartbeat).")
+    env_make_timeout_s: float = opt(
+        900.0, "Time allowed for one env-making call of a rollout worker, which cannot beat meanwhile (envpool "
+        "makes a group in one call; an Atari env costs ~0.2 CPU-s on a 2-core box, so hundreds take minutes).")
     max_restarts_per_worker: int = opt(
         3, "A rollout/inference worker replaced more often than this within restart_window_s stops the run.")
     restart_window_s: float = opt(600.0, "Window over which max_restarts_per_worker is counted.")

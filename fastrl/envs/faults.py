@@ -2,7 +2,7 @@
 
 `fastrl/Faulty-v0` wraps a gymnasium env (CartPole-v1 by default) and, after a number of steps
 counted per process, raises an exception, hangs, segfaults in native code, or emits NaN
-observations and rewards. With `fault_dir` set, each fault fires at most `max_faults` times over
+observations and rewards; `make_delay_s` makes each env slow to make, as hundreds of Atari envs are. With `fault_dir` set, each fault fires at most `max_faults` times over
 the whole run (all processes, replacements included), coordinated through marker files:
 
     fastrl train --config configs/cartpole.yaml --set env.id=fastrl/Faulty-v0 \\
@@ -30,7 +30,8 @@ class InjectedFault(RuntimeError):
 class FaultyEnv(gym.Wrapper):
     def __init__(self, base: str = "CartPole-v1", crash_after: int | None = None, hang_after: int | None = None,
                  segfault_after: int | None = None, nan_every: int | None = None, fault_dir: str | None = None,
-                 max_faults: int = 1):
+                 max_faults: int = 1, make_delay_s: float = 0.0):
+        time.sleep(make_delay_s)
         super().__init__(gym.make(base))
         self.crash_after, self.hang_after, self.segfault_after = crash_after, hang_after, segfault_after
         self.nan_every = nan_every

@@ -88,6 +88,7 @@ class Supervisor:
         name = process_name(role, index)
         hb = heartbeat_index(self.cfg, role, index)
         self.control.heartbeats.array[hb] = 0.0
+        self.control.making_envs_since.array[hb] = 0.0  # a predecessor killed while making its envs
         args = (role, index, self.ctx, LOOPS[role])
         overrides = child_env_overrides(self.cfg, role)
         p = None if self.warm is None or overrides else self.warm.take(role, index, args)
@@ -121,6 +122,10 @@ class Supervisor:
         if code is not None:
             why = describe_exit(code)
             return f"{why} ({child.last_error})" if child.last_error else why
+        making_envs_since = self.control.making_envs_since.array[child.hb]
+        if making_envs_since != 0.0:  # inside one long call that cannot beat (SharedControl.making_envs)
+            limit = self.cfg.system.env_make_timeout_s
+            return f"took more than {limit:g} s to make its envs (hung)" if now - making_envs_since > limit else None
         beat = self.control.heartbeats.array[child.hb]
         if beat == 0.0 and now - child.spawned_at > self.cfg.system.startup_timeout_s:
             return f"did not start within {self.cfg.system.startup_timeout_s:g} s"

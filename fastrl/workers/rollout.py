@@ -139,13 +139,16 @@ class RolloutWorker:
     def _make_first_groups(self) -> list:
         """The first group, or every group where they share one envpool (sampler.env_pool), which makes all
         their envs at once: then nothing is left to build later."""
-        return make_groups(self.ctx.cfg.env, self.ctx.spec, self.ctx.cfg.sampler, seed=self.first_env, first_only=True)
+        with self.control.making_envs(self.hb):
+            return make_groups(self.ctx.cfg.env, self.ctx.spec, self.ctx.cfg.sampler, seed=self.first_env,
+                               first_only=True)
 
     def _build_other_groups(self) -> None:
         started = time.perf_counter()
         while len(self.envs) < self.num_splits:
-            self.envs.append(make_group(self.ctx.cfg.env, self.ctx.spec, self.ctx.cfg.sampler, self.first_env,
-                                        len(self.envs)))
+            with self.control.making_envs(self.hb):
+                self.envs.append(make_group(self.ctx.cfg.env, self.ctx.spec, self.ctx.cfg.sampler, self.first_env,
+                                            len(self.envs)))
         self.log.info("built the other %d group(s) of %d envs in %.1f s, after handing over %d slot(s)",
                       self.num_splits - 1, self.num_envs, time.perf_counter() - started, self.slots_handed_over)
 

@@ -320,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         # about half a second in): one line, not a traceback through whatever was importing
         print(f"fastrl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as e:
+        from fastrl.buffers.shm import SharedMemoryFull  # here: fastrl plot and eval need no numpy-backed buffers
+
+        if not isinstance(e, SharedMemoryFull):
+            raise
+        print(f"fastrl {args.command}: {e}", file=sys.stderr)  # the run cleaned up before this propagated
+        return 1
 
 
 if __name__ == "__main__":

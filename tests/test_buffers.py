@@ -1,6 +1,7 @@
 """Shared-memory arrays, the seqlocked weight publication, and the cleanup of segments whose owner
 died (its janitor, and the next run's sweep of stale segments)."""
 
+import errno
 import multiprocessing as mp
 import os
 import pickle
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from fastrl.buffers import SharedWeights, ShmAllocator, remove_stale_segments
-from fastrl.buffers.shm import SHM_DIR, ShmArray
+from fastrl.buffers.shm import SHM_DIR, SharedMemoryFull, ShmArray
 from fastrl.buffers.weights import state_layout
 
 
@@ -102,6 +103,35 @@ def test_segments_are_made_without_a_janitor_where_none_can_start(monkeypatch):
     finally:
         alloc.unlink_all()
     assert not list(SHM_DIR.glob(alloc.prefix + ".*"))
+
+
+def test_a_segment_that_does_not_fit_is_refused_up_front_with_the_space_left(monkeypatch):
+    # tmpfs answers posix_fallocate with ENOSPC when full; a sparse segment would instead have
+    # killed its first writer with SIGBUS (seen with Docker's 64 MiB /dev/shm and the Pong preset)
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    alloc = ShmAllocator()
+    try:
+        with pytest.raises(SharedMemoryFull, match=r"no room for 1\.0 MiB more .*obs.*MiB free of .*--shm-size"):
+            alloc.array("obs", (1024, 1024), np.uint8)
+        assert not list(SHM_DIR.glob(alloc.prefix + ".*")), "the refused segment was left behind"
+    finally:
+        alloc.unlink_all()
+
+
+def test_segments_are_reserved_in_full_when_made(monkeypatch):
+    reserved = []
+    real = os.posix_fallocate
+    monkeypatch.setattr(os, "posix_fallocate", lambda fd, offset, length: reserved.append(length) or real(fd, offset, length))
+    alloc = ShmAllocator()
+    try:
+        arr = alloc.array("obs", (3, 5), np.float32)
+        assert reserved == [60]
+        assert os.stat(SHM_DIR / arr.name).st_blocks * 512 >= 60  # pages allocated, not a sparse file
+    finally:
+        alloc.unlink_all()
 
 
 def test_stale_segments_of_dead_runs_are_removed():

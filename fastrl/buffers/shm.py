@@ -15,6 +15,7 @@ what a dead run left behind should the janitor itself have been killed.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
@@ -28,6 +29,29 @@ SHM_DIR = Path("/dev/shm")
 PREFIX = "fastrl"
 
 
+class SharedMemoryFull(RuntimeError):
+    """/dev/shm cannot hold a segment: one line saying how much, how much is free, and what to do."""
+
+
+def _reserve(fd: int, path: Path, nbytes: int) -> None:
+    """Give the new segment its pages now. A segment only ftruncate'd is sparse: with /dev/shm too
+    small (Docker's default is 64 MiB, the Pong preset needs 136) the run started, and a worker died
+    of SIGBUS at its first write past the end of the space, which says nothing about the cause."""
+    os.ftruncate(fd, nbytes)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            return  # a filesystem without fallocate: stay sparse, as before
+        os.unlink(path)
+        fs = os.statvfs(SHM_DIR)
+        raise SharedMemoryFull(
+            f"{SHM_DIR} has no room for {nbytes / 2**20:.1f} MiB more ({path.name}): "
+            f"{fs.f_bavail * fs.f_frsize / 2**20:.1f} MiB free of {fs.f_blocks * fs.f_frsize / 2**20:.1f} MiB. "
+            f"Give it more (Docker: run with --shm-size=2g), or make the trajectory slots fewer or smaller "
+            f"(sampler.num_envs_per_worker, sampler.rollout_len)") from None
+
+
 class ShmArray:
     """A fixed-shape numpy array in shared memory; pickles as its name and reattaches."""
 
@@ -39,7 +63,7 @@ class ShmArray:
         fd = os.open(path, flags, 0o600)
         try:
             if create:
-                os.ftruncate(fd, nbytes)
+                _reserve(fd, path, nbytes)
             self._mmap = mmap.mmap(fd, nbytes)
         finally:
             os.close(fd)

@@ -89,9 +89,9 @@ def test_hung_env_is_detected_by_heartbeat_and_replaced(tmp_path):
 
 
 def test_envs_slow_to_make_are_not_taken_for_a_hang(tmp_path):
-    # 16 envs per group at 0.25 s each: every group takes 4 s to make in one call, twice the heartbeat
+    # 16 envs per group at 0.4 s each: every group takes 6.4 s to make in one call, twice the heartbeat
     # timeout (hundreds of Atari envs at idle priority took minutes, and were replaced as hung)
-    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(make_delay_s=0.25), "--set", "system.heartbeat_timeout_s=2",
+    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(make_delay_s=0.4), "--set", "system.heartbeat_timeout_s=3",
                      "--set", "run.train_for_env_steps=60000", runs_dir=tmp_path)
     assert run.wait(150) == 0, run.output
     assert "WARNING" not in run.output, run.output

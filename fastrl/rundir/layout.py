@@ -24,7 +24,8 @@ def generate_name(env_id: str) -> str:
 
 
 def resolve_run_dir(runs_dir: Path, name: str | None, env_id: str, resume: bool) -> Path:
-    """Which directory this run uses; refuses, without writing anything, what would overwrite a run."""
+    """Which directory this run uses, without writing anything. A fresh run's must not exist yet:
+    claim_run_dir checks that as it makes it, in the one step that cannot race another start."""
     if resume and name is None:
         raise RunDirError("--resume needs --name of the run to continue")
     if name is None:
@@ -32,11 +33,8 @@ def resolve_run_dir(runs_dir: Path, name: str | None, env_id: str, resume: bool)
         while (runs_dir / name).exists():
             name += "_1"
     run_dir = runs_dir / name
-    if resume:
-        if not (run_dir / "config.json").exists():
-            raise RunDirError(f"--resume: no run at {run_dir} (config.json missing)")
-    elif run_dir.exists():
-        raise RunDirError(f"run directory {run_dir} already exists; use --resume to continue it or choose another --name")
+    if resume and not (run_dir / "config.json").exists():
+        raise RunDirError(f"--resume: no run at {run_dir} (config.json missing)")
     return run_dir
 
 
@@ -73,16 +71,14 @@ def claim_run_dir(run_dir: Path, resume: bool) -> IO[str]:
 def write_run_config(run_dir: Path, config_dict: dict) -> None:
     """Create the run directory (if new) and save the fully resolved config, atomically."""
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "config.json"
-    tmp = config_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
-    tmp.replace(config_path)
+    write_json(run_dir / "config.json", config_dict, sort_keys=True)
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict, sort_keys: bool = False) -> None:
+    """`data` as JSON at `path`, whole or not at all (a temp file renamed into place)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=sort_keys) + "\n")
         tmp.replace(path)
     except OSError:
         tmp.unlink(missing_ok=True)  # no half-written file left beside the run's (a full disk)

@@ -1,7 +1,7 @@
 """What every child process does around its loop: name itself, die with its parent, set torch
-threads, ignore Ctrl-C and a terminal's hang-up (the runner orchestrates shutdown), log to the run's log file, and
-report a crash with its traceback to the runner before exiting (the runner then replaces a
-rollout or inference worker, or stops the run if it was the learner).
+threads, ignore Ctrl-C and a terminal's hang-up (the runner orchestrates shutdown), log to the
+run's log file, and report a crash with its traceback to the runner before exiting (the runner
+then replaces a rollout or inference worker, or stops the run if it was the learner).
 """
 
 from __future__ import annotations
@@ -181,6 +181,12 @@ def child_environment(overrides: dict[str, str]):
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
 
 
+def ignore_terminal_signals() -> None:
+    """A child's first act (already so from birth where it was started in terminal_signals_ignored_from_birth)."""
+    for terminal_signal in TERMINAL_SIGNALS:
+        signal.signal(terminal_signal, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def terminal_signals_ignored_from_birth():
     """Children started inside this block ignore the terminal's signals from their first instruction.
@@ -239,8 +245,7 @@ def warm_child_main(role: str, index: int, imports: tuple[str, ...], reader) -> 
     what the role will need, then run `child_main` with the arguments the supervisor sends, or
     return if the runner closes the pipe first (the run never started)."""
     name_process_and_die_with_parent(process_name(role, index))
-    for terminal_signal in TERMINAL_SIGNALS:  # the runner alone stops the run
-        signal.signal(terminal_signal, signal.SIG_IGN)
+    ignore_terminal_signals()
     for module in imports:
         importlib.import_module(module)
     imported_at = time.monotonic()
@@ -264,8 +269,7 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str, warm_w
     # read first: setproctitle may reuse the memory /proc/self/environ shows for the title
     omp_wait_at_exec = environment_at_exec().get("OMP_WAIT_POLICY", "unset")
     name_process_and_die_with_parent(name)
-    for terminal_signal in TERMINAL_SIGNALS:  # the runner alone stops the run
-        signal.signal(terminal_signal, signal.SIG_IGN)
+    ignore_terminal_signals()
     signal.signal(signal.SIGTERM, lambda *_: ctx.control.request_stop())
     if os.getppid() == 1:  # the runner died before we got here
         return

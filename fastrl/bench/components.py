@@ -30,7 +30,8 @@ from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec, make_groups
 from fastrl.envs.vector import shares_one_envpool
 from fastrl.workers.learner import build_learner_model
-from fastrl.workers.process import keep_freed_heap, name_process_and_die_with_parent, terminal_signals_ignored_from_birth
+from fastrl.workers.process import (keep_freed_heap, name_process_and_die_with_parent,
+                                   terminal_signals_ignored_from_birth)
 
 Progress = Callable[[float, str], None]  # (fraction done, text)
 ACTION_POOL = 16  # random action batches cycled through, so the stage does not time the RNG

@@ -48,7 +48,8 @@ class SharedControl:
         self.nonfinite = nonfinite  # per rollout worker: transitions masked for non-finite obs/reward
         self.inflight_steps = inflight_steps  # per rollout worker: env steps in its unfinished slots (lost if it dies)
         self.slot_journal = slot_journal  # per rollout worker: the slot hand-off it is inside (see the module doc)
-        self.making_envs_since = making_envs_since  # per process: when its env-making call began (0: none; see making_envs)
+        # per process: when its current env-making call began (0: none; see making_envs)
+        self.making_envs_since = making_envs_since
 
     @staticmethod
     def allocate(alloc: ShmAllocator, num_processes: int, num_rollout_workers: int,

@@ -2,8 +2,9 @@
 
 `fastrl/Faulty-v0` wraps a gymnasium env (CartPole-v1 by default) and, after a number of steps
 counted per process, raises an exception, hangs, segfaults in native code, or emits NaN
-observations and rewards; `make_delay_s` makes each env slow to make, as hundreds of Atari envs are. With `fault_dir` set, each fault fires at most `max_faults` times over
-the whole run (all processes, replacements included), coordinated through marker files:
+observations and rewards; `make_delay_s` makes each env slow to make, as hundreds of Atari envs
+are. With `fault_dir` set, each fault fires at most `max_faults` times over the whole run (all
+processes, replacements included), coordinated through marker files:
 
     fastrl train --config configs/cartpole.yaml --set env.id=fastrl/Faulty-v0 \\
         --set 'env.kwargs={crash_after: 20000, fault_dir: /tmp/faults}'

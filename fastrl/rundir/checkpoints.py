@@ -61,7 +61,7 @@ def _root_cause(error: BaseException) -> BaseException:
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:
     if not ckpt_dir.is_dir():
         return []
-    return sorted(p for p in ckpt_dir.iterdir() if PATTERN.match(p.name))
+    return sorted(p for p in ckpt_dir.iterdir() if PATTERN.match(p.name) and p.is_file())
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:

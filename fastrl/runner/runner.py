@@ -9,7 +9,6 @@ unlinked. That runs on a normal end, on Ctrl-C / SIGTERM / SIGHUP, and when a ch
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import time
@@ -25,6 +24,7 @@ from fastrl.host import usable_cpus
 from fastrl.ipc import Channels
 from fastrl.ipc.channels import REPORT_POLL_S
 from fastrl.rundir import load_checkpoint, write_json
+from fastrl.rundir.records import JsonLinesRecord, ScalarEventsRecord
 from fastrl.runner.placement import RolloutPlacement
 from fastrl.runner.stats import RunStats
 from fastrl.runner.supervisor import Supervisor
@@ -55,7 +55,9 @@ class Runner:
         self.placement: RolloutPlacement | None = None  # the rollout workers' pinning (system.rollout_pinning)
         self.alloc = ShmAllocator()
         self.ctx: WorkerContext | None = None  # grows: the weights' data block joins it once the network exists
-        self.writer = None  # TensorBoard; made at the first sample (tensorboard_writer)
+        self.events: ScalarEventsRecord | None = None  # TensorBoard's; made at the first sample
+        self.learner_record: JsonLinesRecord | None = None  # learner.jsonl, made by run()
+        self.metrics_record: JsonLinesRecord | None = None  # metrics.jsonl, made by run()
 
     def say(self, text: str) -> None:
         self.log.info(text)
@@ -99,11 +101,15 @@ class Runner:
     def _handle_reports(self, channels: Channels, stats: RunStats, timeout_s: float) -> None:
         for msg in channels.take_reports(timeout_s):
             if msg["kind"] == "error":
-                self.say(f"ERROR: {msg['process']} crashed:\n{msg['traceback']}")
+                reason = msg.get("reason")  # an error that says it all in one line, without a traceback
+                last_line = msg["traceback"].strip().splitlines()[-1]
+                self.say(f"ERROR: {msg['process']}: {reason}" if reason
+                         else f"ERROR: {msg['process']} crashed:\n{msg['traceback']}")
                 if self.supervisor is not None:
                     self.supervisor.note_error(msg["process"], msg["traceback"])
                 if msg["process"] == "fastrl-learner":
-                    self.failure = self.failure or f"fastrl-learner crashed: {msg['traceback'].strip().splitlines()[-1]}"
+                    self.failure = self.failure or (f"fastrl-learner: {reason}" if reason
+                                                    else f"fastrl-learner crashed: {last_line}")
             elif msg["kind"] == "weights_layout":
                 self._complete_weights(msg["layout"])
             else:
@@ -114,7 +120,7 @@ class Runner:
     def _log_learner(self, msg: dict) -> None:
         """One line per trained batch in learner.jsonl: losses, counters (what the determinism test compares)."""
         row = {k: v for k, v in msg.items() if isinstance(v, (int, float)) and k != "kind"}
-        self._learner_log.write(json.dumps(row) + "\n")
+        self.learner_record.append(row)
 
     def _setup_buffers(self) -> WorkerContext:
         """Allocate the trajectory slots, the control block, the rings and the weights' header: all
@@ -201,15 +207,23 @@ class Runner:
     def _on_first_sample(self) -> None:
         """The learner starts only now: nothing is there to train before, and loading torch costs it
         ~2 CPU-s on cores the first sample needs. The TensorBoard writer is made here too (its
-        import is ~0.4 CPU-s even without torch, see tensorboard_writer)."""
+        import is ~0.4 CPU-s even without torch, see fastrl.rundir.records)."""
         if self.supervisor is not None:
             self.supervisor.start_learner()
-        self._writer()
+        self._events()
 
-    def _writer(self):
-        if self.writer is None:
-            self.writer = tensorboard_writer(self.run_dir)
-        return self.writer
+    def _events(self) -> ScalarEventsRecord:
+        if self.events is None:
+            self.events = ScalarEventsRecord(self.run_dir)
+        return self.events
+
+    def _record_error(self) -> str | None:
+        """Why one of the run's records could not be written (a full disk), or None: the run stops
+        in order then, rather than train on while what it learns can no longer be kept."""
+        for record in (self.learner_record, self.metrics_record, self.events):
+            if record is not None and record.error is not None:
+                return record.error
+        return None
 
     def _placement(self) -> RolloutPlacement | None:
         """The rollout workers' pinning (system.rollout_pinning), for a run with worker processes."""
@@ -230,8 +244,8 @@ class Runner:
         # SIGHUP too: a closed terminal or a dropped ssh session stops the run with a final checkpoint
         # and its summary, as Ctrl-C does, instead of killing it mid-batch
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        self._learner_log = open(self.run_dir / "learner.jsonl", "a", buffering=1)
-        self._metrics_log = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self.learner_record = JsonLinesRecord(self.run_dir / "learner.jsonl")
+        self.metrics_record = JsonLinesRecord(self.run_dir / "metrics.jsonl")
         serial = None
         try:
             self.ctx = self._setup_buffers()
@@ -272,6 +286,7 @@ class Runner:
                 if time.monotonic() - last_report >= cfg.run.report_interval_s:
                     last_report = time.monotonic()
                     self._report(stats, control)
+                self.failure = self.failure or self._record_error()
             self.say(f"stopping: {self.failure or self.stop_reason}")
             # what the stop check saw; episodes reported while the workers shut down still join the
             # final mean below, which can therefore differ from the value that ended the run
@@ -303,10 +318,9 @@ class Runner:
                 self.warm.close()
             if self.supervisor is not None:
                 self.supervisor.kill_all()
-            if self.writer is not None:
-                self.writer.close()
-            self._learner_log.close()
-            self._metrics_log.close()
+            for record in (self.events, self.learner_record, self.metrics_record):
+                if record is not None:
+                    record.close()
             self.alloc.unlink_all()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
@@ -318,32 +332,9 @@ class Runner:
         scalars["health/nonfinite_transitions_masked"] = float(control.nonfinite.array.sum())
         if self.supervisor is not None:
             scalars["health/worker_restarts"] = float(sum(self.supervisor.restarts_total.values()))
-        writer = self._writer()
-        for key, value in scalars.items():
-            writer.add_scalar(key, value, stats.env_steps)
+        self._events().add_scalars(scalars, stats.env_steps)
         row = {"env_steps": stats.env_steps, "frames": stats.frames, "wall_s": round(stats.wall_s, 2), **scalars}
-        self._metrics_log.write(json.dumps(row) + "\n")
-
-
-def tensorboard_writer(run_dir: Path):
-    """tensorboardX's SummaryWriter, imported without loading torch when this process has not.
-
-    tensorboardX imports torch, if installed, only to recognise torch tensors among the values it
-    is given; the runner logs plain floats. A fresh run with inference workers never loads torch
-    in the runner otherwise, and loading it would cost ~2 CPU-s (while the learner starts) and
-    ~100 MB. A None entry in sys.modules makes `import torch` raise ImportError, which tensorboardX
-    catches; the entry is removed again at once."""
-    import sys
-
-    blocked = "torch" not in sys.modules
-    if blocked:
-        sys.modules["torch"] = None
-    try:
-        from tensorboardX import SummaryWriter
-    finally:
-        if blocked:
-            del sys.modules["torch"]
-    return SummaryWriter(str(run_dir))
+        self.metrics_record.append(row)
 
 
 def finished_reason(cfg: Config, stats: RunStats) -> str | None:

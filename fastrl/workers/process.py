@@ -22,6 +22,7 @@ from fastrl.config.checks import rollout_workers_act
 from fastrl.config.schema import Config
 from fastrl.envs.spec import EnvSpec
 from fastrl.ipc import Channels, put_report
+from fastrl.rundir.checkpoints import CheckpointWriteError
 
 PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -74,12 +75,39 @@ def process_name(role: str, index: int) -> str:
     return f"fastrl-{role}" if role == "learner" else f"fastrl-{role}-{index}"
 
 
+class RunLogHandler(logging.FileHandler):
+    """train.log's handler. A line that cannot be written (a full disk) is said once on stderr and
+    this process's later lines are dropped; logging's default prints a traceback for every line,
+    from every process, and the runner's stop line drowns in them."""
+
+    def __init__(self, log_path: str, process: str):
+        super().__init__(log_path)  # opened O_APPEND: lines from many processes interleave whole
+        self.process = process
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self.failed = True
+        with contextlib.suppress(OSError, ValueError):
+            self.close()  # flushing what is left in its buffer fails again, the same way
+        with contextlib.suppress(OSError):
+            print(f"{self.process}: could not write {self.baseFilename}: {error}; its further lines are dropped",
+                  file=sys.stderr, flush=True)
+
+
 def setup_logging(log_path: str, name: str, echo: bool) -> logging.Logger:
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.INFO)
     fmt = logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s")
-    handler = logging.FileHandler(log_path)  # opened O_APPEND: lines from many processes interleave whole
+    handler = RunLogHandler(log_path, name)
     handler.setFormatter(fmt)
     root.addHandler(handler)
     if echo:
@@ -198,10 +226,10 @@ def terminal_signals_ignored_from_birth():
     it), and Python then installs no KeyboardInterrupt handler. This process's own signals
     meanwhile are blocked rather than lost: Linux queues a blocked signal even while its action
     is SIG_IGN, and delivers it to the restored handler when the block lifts. The block covers
-    the calling thread only: with other threads alive (tensorboard's writer, envpool's during the
-    env probe), a signal in the ~1 ms a spawn's start() takes can land on one of them and be
-    dropped, and the next Ctrl-C then stops the run. Off the main thread (signal.signal would
-    refuse), the block does nothing."""
+    the calling thread only: with other threads alive (envpool's during the env probe), a signal
+    in the ~1 ms a spawn's start() takes can land on one of them and be dropped, and the next
+    Ctrl-C then stops the run. Off the main thread (signal.signal would refuse), the block does
+    nothing."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -258,6 +286,16 @@ def warm_child_main(role: str, index: int, imports: tuple[str, ...], reader) -> 
     child_main(*args, warm_wait_s=time.monotonic() - imported_at)
 
 
+def error_report(process: str, error: BaseException, tb: str) -> dict:
+    """The runner's report of a child's crash. An error that says it all in one line (a checkpoint
+    the disk had no room for) also carries it as `reason`, which the console shows instead of the
+    traceback; train.log keeps the traceback either way."""
+    report = {"kind": "error", "process": process, "traceback": tb}
+    if isinstance(error, CheckpointWriteError):
+        report["reason"] = str(error)
+    return report
+
+
 def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str, warm_wait_s: float | None = None) -> None:
     """Entry point of every child: bootstrap, run `loop(ctx, index, log)`, report any crash.
 
@@ -295,8 +333,7 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str, warm_w
     except BaseException as e:  # noqa: BLE001 - report everything, including KeyboardInterrupt
         tb = traceback.format_exc()
         log.error("crashed: %s\n%s", e, tb)
-        put_report(ctx.channels.reports[heartbeat_index(ctx.cfg, role, index)],
-                   {"kind": "error", "process": name, "traceback": tb})
+        put_report(ctx.channels.reports[heartbeat_index(ctx.cfg, role, index)], error_report(name, e, tb))
         if role == "learner":  # nothing can train without it; a rollout/inference worker gets replaced
             ctx.control.request_stop()
         raise SystemExit(1)

@@ -1,6 +1,4 @@
-import sys
-
-from fastrl.cli import main
+from fastrl.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 EXIT_CONFIG = 2
 STAGES = ("env", "infer", "learn", "sample", "train")  # fastrl.bench.report.STAGES, without importing torch
@@ -234,9 +236,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = run_bench(cfg, spec, " + ".join(args.config or ["defaults"]), args.overrides, args.seconds,
                            args.stages or list(STAGES),
                            Progress(), rounds=args.rounds)
-    except (BenchInterrupted, KeyboardInterrupt):
+    except BenchInterrupted as e:
         print("fastrl bench: interrupted", file=sys.stderr)
-        return 130
+        return 128 + e.signum
+    except KeyboardInterrupt:
+        print("fastrl bench: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -254,12 +259,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fastrl.bench.tune import Tuner
 
     tuner = Tuner(cfg, spec, args.config or [], args.overrides, args.budget_s, args.trial_s, Path(args.out), Progress())
+    interrupted_by = None
     try:
         tuner.run()
-    except (BenchInterrupted, KeyboardInterrupt):
+    except BenchInterrupted as e:
+        interrupted_by = e.signum
+    except KeyboardInterrupt:
+        interrupted_by = signal.SIGINT
+    if interrupted_by is not None:
         print("fastrl tune: interrupted; writing what was measured", file=sys.stderr)
     print(tuner.finish())
-    return 0
+    return 0 if interrupted_by is None else 128 + interrupted_by
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -319,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         # a Ctrl-C before a command's own handling is in place (a run's is once its runner starts,
         # about half a second in): one line, not a traceback through whatever was importing
         print(f"fastrl {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
     except RuntimeError as e:
         from fastrl.buffers.shm import SharedMemoryFull  # here: fastrl plot and eval need no numpy-backed buffers
 
@@ -329,5 +339,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def entry() -> NoReturn:
+    """The `fastrl` command. main()'s exit status, except that a command stopped by a signal (128 + N:
+    a run stopped in order by Ctrl-C, SIGTERM or a closed terminal) dies of signal N once it has
+    cleaned up, so that the shell or job scheduler that started it sees it stopped, not finished."""
+    code = main()
+    if code - 128 in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        from fastrl.workers.process import die_of_signal
+
+        die_of_signal(code - 128)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -66,7 +66,8 @@ def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, sig):
     assert run.wait_for("learner busy", 60), run.output
     assert run.wait_for("return(last 100)", 60), run.output
     run.proc.send_signal(sig)
-    assert run.wait(15) == 0, run.output
+    # stopped in order (the checkpoint and summary below), then dead of the signal, as its sender expects
+    assert run.wait(15) == -sig, run.output
     assert f"received {sig.name}" in run.output
     assert list((run.run_dir / "checkpoints").glob("checkpoint_*.pt"))
     assert run.summary()["env_steps"] > 0
@@ -82,7 +83,7 @@ def test_a_resume_while_the_run_is_going_is_refused_before_it_writes(tmp_path):
     assert f"in use by another fastrl train (pid {run.proc.pid})" in second.output
     assert (run.run_dir / "config.json").read_bytes() == config_before
     run.proc.send_signal(signal.SIGINT)
-    assert run.wait(15) == 0, run.output
+    assert run.wait(15) == -signal.SIGINT, run.output
     assert_clean(run)
 
 

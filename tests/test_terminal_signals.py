@@ -2,13 +2,16 @@
 group. Children started by the runner ignore both from their first instruction (the runner alone
 orchestrates the stop), the runner's own signal in that moment is delivered rather than lost, a
 Ctrl-C before a command has its own handling gives one line and exit 130, not a traceback, and a
-closed terminal stops a run the way Ctrl-C does: a final checkpoint, a summary, nothing left."""
+closed terminal stops a run the way Ctrl-C does: a final checkpoint, a summary, nothing left. A
+run stopped by a signal then dies of it, so that a shell loop of runs stops at one Ctrl-C."""
 
 import multiprocessing as mp
 import os
 import pty
 import select
+import shlex
 import signal
+import subprocess
 import sys
 import time
 
@@ -155,7 +158,8 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint_and_a_summary(tmp_pat
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         raise AssertionError("the run did not stop within 30 s of its terminal closing")
-    assert os.waitstatus_to_exitcode(status) == 0  # an orderly stop, not death by SIGHUP
+    # stopped in order (the checkpoint and summary below), then dead of the signal that stopped it
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGHUP
     run_dir = tmp_path / "run"
     assert "stopping: received SIGHUP" in (run_dir / "train.log").read_text()
     assert list((run_dir / "checkpoints").glob("checkpoint_*.pt")), "no final checkpoint"
@@ -163,3 +167,39 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint_and_a_summary(tmp_pat
     _, alive = psutil.wait_procs(children, timeout=5)
     assert alive == [], "children outlived the run"
     assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"fastrl.{pid}.")]
+
+
+@pytest.mark.integration
+def test_a_ctrl_c_stops_a_shell_loop_of_runs_not_only_the_run(tmp_path):
+    """bash goes on to a loop's next command after one that handled Ctrl-C and exited, whatever its
+    status; it ends the loop only after one that died of SIGINT (its "wait and cooperative exit")."""
+    train = shlex.join([sys.executable, "-m", "fastrl", "train", "--config", "configs/cartpole.yaml",
+                        "--runs-dir", str(tmp_path), "--set", "run.stop_at_mean_return=null",
+                        "--set", "run.train_for_env_steps=100000000", "--set", "run.report_interval_s=1"])
+    script = f"for seed in 1 2; do {train} --name run$seed --set run.seed=$seed; done; echo loop finished"
+    out_path = tmp_path / "shell.out"
+    with open(out_path, "w") as out:
+        # a shell as a terminal starts it: SIGINT at its default action (not inherited as ignored),
+        # in a process group of its own that the test's "terminal" signals as a whole
+        shell = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 90
+        while "learner busy" not in out_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "learner busy" in out_path.read_text(), out_path.read_text()
+        run_tree = psutil.Process(shell.pid).children(recursive=True)
+        os.killpg(shell.pid, signal.SIGINT)
+        assert shell.wait(30) == -signal.SIGINT, out_path.read_text()
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+            shell.wait()
+    output = out_path.read_text()
+    assert "stopping: received SIGINT" in output and "loop finished" not in output, output
+    assert not (tmp_path / "run2").exists(), "the loop went on to its next run"
+    assert list((tmp_path / "run1" / "checkpoints").glob("checkpoint_*.pt"))
+    assert (tmp_path / "run1" / "summary.json").exists()
+    _, alive = psutil.wait_procs(run_tree, timeout=5)
+    assert alive == [], "processes outlived the run"

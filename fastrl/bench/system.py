@@ -38,7 +38,11 @@ MEMORY_EVERY_S = 2.0
 
 
 class BenchInterrupted(Exception):
-    """The user pressed Ctrl-C (or sent SIGTERM) during a system stage."""
+    """The user pressed Ctrl-C (or sent SIGTERM) during a system stage: `signum` says which."""
+
+    def __init__(self, reason: str, signum: int):
+        super().__init__(reason)
+        self.signum = signum
 
 
 class SystemProbe:
@@ -183,8 +187,8 @@ def bench_system(cfg: Config, spec: EnvSpec, seconds: float, progress, discard: 
         (run_dir / "checkpoints").mkdir()
         runner = Runner(cfg, spec, run_dir, echo=False, on_tick=probe)
         code = runner.run()
-        if runner.stop_reason and runner.stop_reason.startswith("received"):
-            raise BenchInterrupted(runner.stop_reason)
+        if runner.stop_signal is not None:
+            raise BenchInterrupted(runner.stop_reason, runner.stop_signal)
         if code != 0 or not probe.done:
             log_tail = "\n".join((run_dir / "train.log").read_text().splitlines()[-30:])
             raise RuntimeError(f"the {'sample' if discard else 'train'} stage failed: "

@@ -9,7 +9,6 @@ unlinked. That runs on a normal end, on Ctrl-C / SIGTERM / SIGHUP, and when a ch
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from fastrl.runner.placement import RolloutPlacement
 from fastrl.runner.stats import RunStats
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.warm_start import WarmChildren
-from fastrl.workers.process import WorkerContext, heartbeat_index, num_processes, setup_logging
+from fastrl.workers.process import WorkerContext, die_of_signal, heartbeat_index, num_processes, setup_logging
 
 if TYPE_CHECKING:
     from fastrl.models import ActorCritic
@@ -51,6 +50,7 @@ class Runner:
         self.stop_reason: str | None = None
         self.failure: str | None = None
         self.interrupts = 0
+        self.stop_signal: int | None = None  # the signal that stopped the run, if one did
         self.supervisor: Supervisor | None = None  # the child processes (None in serial mode)
         self.placement: RolloutPlacement | None = None  # the rollout workers' pinning (system.rollout_pinning)
         self.alloc = ShmAllocator()
@@ -72,16 +72,21 @@ class Runner:
         if signum == signal.SIGHUP:
             # never "the second": a hang-up can come twice (the kernel's to a session leader, and a
             # shell's to its jobs), and nobody is left at the terminal to be in a hurry
-            self.stop_reason = self.stop_reason or "received SIGHUP"
+            self._stop_for(signum)
             return
         self.interrupts += 1
         if self.interrupts == 1:
-            self.stop_reason = f"received {signal.Signals(signum).name}"
+            self._stop_for(signum)
             return
         if self.supervisor is not None:
             self.supervisor.kill_all()
         self.alloc.unlink_all()
-        os._exit(130)
+        die_of_signal(signum)
+
+    def _stop_for(self, signum: int) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = f"received {signal.Signals(signum).name}"
+            self.stop_signal = signum
 
     @property
     def procs(self) -> dict:
@@ -312,7 +317,11 @@ class Runner:
                 self.say(f"WARNING: could not write summary.json: {e}")
             self._report(stats, control, echo=False)
             self.say(format_summary(summary, self.run_dir))
-            return 1 if self.failure else 0
+            if self.failure:
+                return 1
+            # a stop the run did not reach by itself is no success: 128 + N, which the command
+            # then makes true by dying of signal N (fastrl.cli.entry)
+            return 0 if self.stop_signal is None else 128 + self.stop_signal
         finally:
             if self.warm is not None:
                 self.warm.close()

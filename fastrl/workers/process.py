@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import NoReturn
 
 from fastrl.buffers import SharedControl, SharedWeights, TrajBuffers
 from fastrl.config.checks import rollout_workers_act
@@ -207,6 +208,20 @@ def child_environment(overrides: dict[str, str]):
 # what a terminal sends the whole foreground process group: Ctrl-C, and SIGHUP when it goes away
 # (a closed window, a dropped ssh session). The runner alone decides how the run stops on either.
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+
+
+def die_of_signal(signum: int) -> NoReturn:
+    """End this process by `signum`'s default action, as an unhandled signal would have, once a
+    stop it asked for is done. A shell loop (`for seed in 1 2 3; do fastrl train ...; done`) goes on
+    to its next command after one that merely exits, even with 130, and a job scheduler's SIGTERM
+    that ends in exit 0 reads as a completed job: only a death by the signal says "stopped"."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # not reached: the signal's default action ends the process first
 
 
 def ignore_terminal_signals() -> None:

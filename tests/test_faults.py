@@ -110,6 +110,24 @@ def test_a_make_past_its_own_limit_is_a_hang(tmp_path):
     assert_clean(run)
 
 
+def test_a_stop_does_not_wait_for_envs_being_made(tmp_path):
+    # a group of 16 envs at 5 s each: rollout worker 0 is inside one 80 s call when Ctrl-C comes, and
+    # sees the stop flag only after it; it was waited for (10 s), then terminated. Worker 1 waits
+    # for the run's first sample before making its envs, and stops as usual.
+    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(make_delay_s=5), "--set", "run.train_for_env_steps=60000",
+                     runs_dir=tmp_path)
+    _wait_for_process(run, "fastrl-rollout-0")
+    time.sleep(1.0)  # past its start, into the first env's make
+    run.proc.send_signal(signal.SIGINT)
+    pressed = time.monotonic()
+    assert run.wait(60) == -signal.SIGINT, run.output
+    log = (run.run_dir / "train.log").read_text()
+    assert "fastrl-rollout-0 was making envs at the stop, which it cannot see until that is over: killed it" in log, log
+    assert "fastrl-rollout-1 INFO stopped" in log and "did not stop in time" not in log, log
+    assert time.monotonic() - pressed < 8.0, "the stop waited for the envs' make"  # 0.2 s measured; 12 s before
+    assert_clean(run)
+
+
 def test_a_worker_that_keeps_dying_stops_the_run(tmp_path):
     run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(crash_after=2000),
                      "--set", "system.max_restarts_per_worker=1", "--set", "run.train_for_env_steps=10000000",

@@ -199,6 +199,7 @@ class Supervisor:
     # --- stopping
     def shutdown(self) -> None:
         self.control.request_stop()
+        self._kill_workers_that_cannot_see_the_stop()
         deadline = {name: time.monotonic() + (LEARNER_JOIN_S if c.role == "learner" else WORKER_JOIN_S)
                     for name, c in self.children.items()}
         for name, c in self.children.items():
@@ -211,6 +212,21 @@ class Supervisor:
             if p.is_alive():
                 p.kill()
                 p.join(2.0)
+
+    def _kill_workers_that_cannot_see_the_stop(self) -> None:
+        """A rollout or inference worker still starting (no heartbeat yet: importing torch, unpickling
+        its context) or inside one env-making call sees the stop flag only once that is over: seconds
+        on two cores (a Ctrl-C in a run's first seconds took 3-4.5 s to take effect). Such a worker
+        has nothing to save, only the learner has (its final checkpoint), so it is killed at once
+        rather than waited for."""
+        heartbeats, making_envs_since = self.control.heartbeats.array, self.control.making_envs_since.array
+        for name, c in self.children.items():
+            if c.role == "learner" or not c.process.is_alive():
+                continue
+            if heartbeats[c.hb] == 0.0 or making_envs_since[c.hb] != 0.0:
+                doing = "still starting" if heartbeats[c.hb] == 0.0 else "making envs"
+                self.log.info("%s was %s at the stop, which it cannot see until that is over: killed it", name, doing)
+                c.process.kill()
 
     def kill_all(self) -> None:
         for c in self.children.values():

@@ -128,6 +128,30 @@ def test_a_stop_does_not_wait_for_envs_being_made(tmp_path):
     assert_clean(run)
 
 
+def test_a_pause_of_the_whole_run_is_not_taken_for_a_hang(tmp_path):
+    # Ctrl-Z stops the terminal's whole foreground group, runner included, and `fg` continues it; a
+    # laptop's suspend does much the same, with a wall clock that jumps on waking. Paused past the
+    # heartbeat timeout, the workers were then replaced as hung (and the learner, had it been looked
+    # at first, would have stopped the run).
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "system.heartbeat_timeout_s=3",
+                     "--set", "run.train_for_env_steps=100000000", runs_dir=tmp_path)
+    assert run.wait_for("learner busy", 60) and run.wait_for("return(last", 60), run.output
+    run.track_children()
+    group = [run.proc.pid, *sorted(run.children)]
+    for pid in group:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(8.0)
+    for pid in group:
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(4.0)  # checked for a while after it: past the heartbeat timeout again
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(30) == -signal.SIGINT, run.output
+    assert "WARNING" not in run.output, run.output
+    assert run.summary()["worker_restarts"] == {} and run.summary()["failure"] is None
+    assert "the runner itself did not run for" in (run.run_dir / "train.log").read_text()
+    assert_clean(run)
+
+
 def test_a_worker_that_keeps_dying_stops_the_run(tmp_path):
     run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(crash_after=2000),
                      "--set", "system.max_restarts_per_worker=1", "--set", "run.train_for_env_steps=10000000",

@@ -34,6 +34,10 @@ from fastrl.workers.process import (WorkerContext, child_environment, child_env_
 LEARNER_JOIN_S = 60.0  # the learner may be mid-batch and then writes the final checkpoint
 WORKER_JOIN_S = 10.0
 RECLAIM_WAIT_S = 5.0
+# The runner checks its children every ~0.2 s; a longer gap between two checks means it was not
+# running either (Ctrl-Z then fg, a suspended laptop whose wall clock jumped on waking, a starved
+# box), so its children's silence over the gap says nothing about them
+CHECK_GAP_S = 5.0
 # each child's loop, imported in the child (child_main): the learner's and inference worker's
 # modules load torch (~2 CPU-s), which the runner need not load at all
 LOOPS = {"learner": "fastrl.workers.learner:learner_loop", "inference": "fastrl.workers.inference:inference_loop",
@@ -74,6 +78,8 @@ class Supervisor:
         self.lost_env_steps = 0  # stepped by workers that died before handing their slots over
         self._spawn_ctx = mp.get_context("spawn")
         self.warm = warm  # first instances already spawned and importing (fastrl.runner.warm_start)
+        self._last_check: float | None = None
+        self._watching_since = 0.0  # wall time from which a child's silence counts (CHECK_GAP_S)
 
     @property
     def procs(self) -> dict[str, mp.Process]:
@@ -122,20 +128,28 @@ class Supervisor:
         if code is not None:
             why = describe_exit(code)
             return f"{why} ({child.last_error})" if child.last_error else why
+        # each clock below starts no earlier than the end of a gap in the runner's own checks
         making_envs_since = self.control.making_envs_since.array[child.hb]
         if making_envs_since != 0.0:  # inside one long call that cannot beat (SharedControl.making_envs)
             limit = self.cfg.system.env_make_timeout_s
-            return f"took more than {limit:g} s to make its envs (hung)" if now - making_envs_since > limit else None
+            making_s = now - max(making_envs_since, self._watching_since)
+            return f"took more than {limit:g} s to make its envs (hung)" if making_s > limit else None
         beat = self.control.heartbeats.array[child.hb]
-        if beat == 0.0 and now - child.spawned_at > self.cfg.system.startup_timeout_s:
+        if beat == 0.0 and now - max(child.spawned_at, self._watching_since) > self.cfg.system.startup_timeout_s:
             return f"did not start within {self.cfg.system.startup_timeout_s:g} s"
-        if beat != 0.0 and now - beat > self.cfg.system.heartbeat_timeout_s:
-            return f"sent no heartbeat for {now - beat:.0f} s (hung)"
+        silent_s = now - max(beat, self._watching_since)
+        if beat != 0.0 and silent_s > self.cfg.system.heartbeat_timeout_s:
+            return f"sent no heartbeat for {silent_s:.0f} s (hung)"
         return None
 
     def check(self) -> str | None:
         """Replace dead or hung workers; the reason the run must stop, or None."""
         now = time.time()
+        if self._last_check is not None and now - self._last_check > CHECK_GAP_S:
+            self._watching_since = now
+            self.log.info("the runner itself did not run for %.0f s (paused, suspended or starved): the "
+                          "children's heartbeats count from now", now - self._last_check)
+        self._last_check = now
         for name, child in list(self.children.items()):
             why = self._fault(name, child, now)
             if why is None:

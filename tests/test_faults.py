@@ -152,6 +152,19 @@ def test_a_pause_of_the_whole_run_is_not_taken_for_a_hang(tmp_path):
     assert_clean(run)
 
 
+def test_a_learner_batch_longer_than_the_heartbeat_timeout_is_not_a_hang(tmp_path):
+    # 300 epochs over a batch of 8192: each batch takes a few seconds, past the 2 s timeout, and the
+    # learner beat only between batches (a Pong batch of 16384 x 4 epochs took 38 s here, 8 would pass 60)
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "algo.batch_size=8192", "--set", "algo.num_epochs=300",
+                     "--set", "sampler.num_traj_buffers=24", "--set", "system.heartbeat_timeout_s=2",
+                     "--set", "run.train_for_env_steps=30000", runs_dir=tmp_path)
+    assert run.wait(150) == 0, run.output
+    assert "WARNING" not in run.output and run.summary()["failure"] is None, run.output
+    busy_s = [json.loads(line)["busy_s"] for line in (run.run_dir / "learner.jsonl").read_text().splitlines()]
+    assert busy_s and busy_s[0] > 2.0, busy_s  # the first batch alone outlasted the timeout
+    assert_clean(run)
+
+
 def test_a_worker_that_keeps_dying_stops_the_run(tmp_path):
     run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(crash_after=2000),
                      "--set", "system.max_restarts_per_worker=1", "--set", "run.train_for_env_steps=10000000",

@@ -112,6 +112,13 @@ class Learner:
         self.log.info("saved %s", path.name)
         return path
 
+    def _between_minibatches(self) -> bool:
+        """Before each minibatch: a heartbeat, since one batch can outlast the supervisor's patience
+        (a batch that took longer than system.heartbeat_timeout_s stopped the run as a hung learner),
+        and whether to stop."""
+        self.ctx.control.beat(self.hb)
+        return self.ctx.control.stop_requested
+
     def _publish(self) -> None:
         self.ctx.weights.publish(self.model, self.trainer.policy_version)
 
@@ -184,8 +191,7 @@ class Learner:
         else:
             batch = self._assemble()
             self.trainer.set_lr(scheduled_lr(cfg.algo, self.env_steps(), cfg.run.train_for_env_steps))
-            stats = self.trainer.train(batch, publish=self._publish,
-                                       should_stop=lambda: self.ctx.control.stop_requested)
+            stats = self.trainer.train(batch, publish=self._publish, should_stop=self._between_minibatches)
             self.train_steps += 1
         self.busy_s += time.perf_counter() - started
         stats.update(kind="learner", policy_version=self.trainer.policy_version, train_steps=self.train_steps,

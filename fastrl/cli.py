@@ -186,8 +186,8 @@ def _train(args: argparse.Namespace, saved: dict | None, warm) -> int:
         return loaded
     cfg, spec = loaded
 
-    from fastrl.rundir import (CheckpointError, RunDirError, claim_run_dir, latest_checkpoint, remove_partial_files,
-                               resolve_run_dir, validate_checkpoint, write_run_config)
+    from fastrl.rundir import (CheckpointError, RunDirError, abandon_fresh_run_dir, claim_run_dir, latest_checkpoint,
+                               remove_partial_files, resolve_run_dir, validate_checkpoint, write_run_config)
 
     if args.checkpoint and not args.resume:
         return _one_line_error("--checkpoint is for --resume (continue a run from that checkpoint)")
@@ -211,7 +211,12 @@ def _train(args: argparse.Namespace, saved: dict | None, warm) -> int:
     except RunDirError as e:
         return _one_line_error(str(e))
     with lock:
-        write_run_config(run_dir, config_to_dict(cfg))
+        try:
+            write_run_config(run_dir, config_to_dict(cfg))
+        except RunDirError as e:
+            if not args.resume:
+                abandon_fresh_run_dir(run_dir)
+            return _one_line_error(str(e))
         if args.resume:
             for partial in remove_partial_files(run_dir / "checkpoints"):
                 print(f"fastrl: removed {partial.name}, a checkpoint write that was interrupted")

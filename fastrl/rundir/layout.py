@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import IO
@@ -53,25 +54,42 @@ def claim_run_dir(run_dir: Path, resume: bool) -> IO[str]:
         except FileExistsError:
             raise RunDirError(f"run directory {run_dir} already exists; use --resume to continue it "
                               "or choose another --name") from None
-    lock = open(run_dir / LOCK_NAME, "a+")
+        except OSError as e:  # --runs-dir is a file, on a read-only or full file system, ...
+            raise RunDirError(f"cannot make run directory {run_dir}: {e}") from None
+    lock = None
     try:
+        lock = open(run_dir / LOCK_NAME, "a+")
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(lock.fileno(), 0)
+        os.write(lock.fileno(), f"{os.getpid()}\n".encode())  # unbuffered: a failure shows here, not at close
+        return lock
     except BlockingIOError:
         lock.seek(0)
         holder = lock.read().strip() or "unknown"
         lock.close()
         raise RunDirError(f"run directory {run_dir} is in use by another fastrl train (pid {holder}); "
                           "stop that one first, or choose another --name") from None
-    lock.truncate(0)
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    return lock
+    except OSError as e:  # a full disk
+        if lock is not None:
+            lock.close()
+        if not resume:
+            abandon_fresh_run_dir(run_dir)
+        raise RunDirError(f"cannot write in run directory {run_dir}: {e}") from None
+
+
+def abandon_fresh_run_dir(run_dir: Path) -> None:
+    """Remove the directory a fresh run made before it could write its config (a full disk): left
+    there, it would make the same command, once there is room, fail with "already exists"."""
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def write_run_config(run_dir: Path, config_dict: dict) -> None:
     """Create the run directory (if new) and save the fully resolved config, atomically."""
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", config_dict, sort_keys=True)
+    try:
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "config.json", config_dict, sort_keys=True)
+    except OSError as e:  # a full disk
+        raise RunDirError(f"cannot write the run's config into {run_dir}: {e}") from None
 
 
 def write_json(path: Path, data: dict, sort_keys: bool = False) -> None:

@@ -107,6 +107,8 @@ class RunProcess:
             self.proc.kill()
             raise AssertionError(f"run did not finish within {timeout_s} s; output:\n{self.output}")
         self._reader.join(5)
+        if not self._reader.is_alive():
+            self.proc.stdout.close()  # read to its end; the pipe would otherwise close only when collected
         return self.proc.returncode
 
     def summary(self) -> dict:

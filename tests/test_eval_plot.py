@@ -88,3 +88,17 @@ def test_plot_prints_returns_at_marks_and_the_steps_to_reach_a_return(tmp_path, 
         with pytest.raises(SystemExit):
             main(["plot", str(a), f"--at={bad}"])  # with =, so that "-5" reaches the check
         assert "expected comma-separated" in capsys.readouterr().err
+
+
+def test_plot_reads_a_run_that_is_writing_and_names_a_bad_line(tmp_path, capsys):
+    rows = [{"env_steps": 512 * i, "frames": 512 * i, "wall_s": float(i), "episode/return_mean": float(i)}
+            for i in range(1, 4)]
+    writing = _write_metrics(tmp_path / "writing", rows)
+    with open(writing / "metrics.jsonl", "a") as f:
+        f.write('{"env_steps": 2048, "fra')  # the row a running run is writing as plot reads
+    assert main(["plot", str(writing), "--out", str(tmp_path / "w.png"), "--at", "1536"]) == 0
+    assert "| writing | +3.0 |" in capsys.readouterr().out
+    broken = _write_metrics(tmp_path / "broken", rows)
+    (broken / "metrics.jsonl").write_text('{"env_steps": 512, "wall_s": 1.0}\nnot json\n')
+    assert main(["plot", str(broken), "--out", str(tmp_path / "b.png")]) == 2
+    assert capsys.readouterr().err.strip() == f"fastrl: {broken / 'metrics.jsonl'}, line 2: not a JSON row ('not json')"

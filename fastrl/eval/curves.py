@@ -22,8 +22,14 @@ def load_curve(run_dir: Path) -> dict:
         raise PlotError(f"{run_dir}: no metrics.jsonl (not a fastrl run directory, or written by an older fastrl)")
     steps, wall, ret = [], [], []
     offset = last_wall = 0.0
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    lines = path.read_text().splitlines(keepends=True)
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines) and not line.endswith("\n"):
+                break  # a row being written as we read (the run is going), or cut by a crash
+            raise PlotError(f"{path}, line {number}: not a JSON row ({line.strip()[:60]!r})") from None
         if row["wall_s"] < last_wall:  # a resume restarted the clock
             offset += last_wall
         last_wall = row["wall_s"]

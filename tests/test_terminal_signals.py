@@ -203,3 +203,23 @@ def test_a_ctrl_c_stops_a_shell_loop_of_runs_not_only_the_run(tmp_path):
     assert (tmp_path / "run1" / "summary.json").exists()
     _, alive = psutil.wait_procs(run_tree, timeout=5)
     assert alive == [], "processes outlived the run"
+
+
+def test_a_press_while_a_run_stops_for_its_own_reason_still_stops_what_started_it(monkeypatch, tmp_path):
+    """fastrl tune ends each trial's run by its own reason ("benchmark window complete"); a Ctrl-C
+    during that run's shutdown was dropped, and the search went on to its next trial."""
+    import logging
+
+    from fastrl.config import load_config
+    from fastrl.runner import runner as runner_module
+    from helpers import SMALL_DISCRETE
+
+    monkeypatch.setattr(runner_module, "setup_logging", lambda *args, **kwargs: logging.getLogger("test"))
+    runner = runner_module.Runner(load_config(str(ROOT / "configs/cartpole.yaml"), []), SMALL_DISCRETE, tmp_path,
+                                  echo=False)
+    runner.stop_reason = "benchmark window complete"
+    runner._on_signal(signal.SIGINT, None)
+    assert runner.stop_signal == signal.SIGINT
+    assert runner.stop_reason == "benchmark window complete"  # why the run itself ended
+    runner._on_signal(signal.SIGHUP, None)
+    assert runner.stop_signal == signal.SIGINT  # the first press is the one the command dies of

@@ -50,7 +50,7 @@ class Runner:
         self.stop_reason: str | None = None
         self.failure: str | None = None
         self.interrupts = 0
-        self.stop_signal: int | None = None  # the signal that stopped the run, if one did
+        self.stop_signal: int | None = None  # the first signal that asked the run to stop
         self.supervisor: Supervisor | None = None  # the child processes (None in serial mode)
         self.placement: RolloutPlacement | None = None  # the rollout workers' pinning (system.rollout_pinning)
         self.alloc = ShmAllocator()
@@ -84,9 +84,10 @@ class Runner:
         die_of_signal(signum)
 
     def _stop_for(self, signum: int) -> None:
-        if self.stop_reason is None:
-            self.stop_reason = f"received {signal.Signals(signum).name}"
-            self.stop_signal = signum
+        # kept even when the run is already stopping for its own reason (its end, a bench window):
+        # the press still means "stop what started this run too" (a shell loop, fastrl tune's search)
+        self.stop_signal = self.stop_signal or signum
+        self.stop_reason = self.stop_reason or f"received {signal.Signals(signum).name}"
 
     @property
     def procs(self) -> dict:

@@ -148,7 +148,7 @@ def test_a_pause_of_the_whole_run_is_not_taken_for_a_hang(tmp_path):
     assert run.wait(30) == -signal.SIGINT, run.output
     assert "WARNING" not in run.output, run.output
     assert run.summary()["worker_restarts"] == {} and run.summary()["failure"] is None
-    assert "the runner itself did not run for" in (run.run_dir / "train.log").read_text()
+    assert "the runner did not check on its children for" in (run.run_dir / "train.log").read_text()
     assert_clean(run)
 
 

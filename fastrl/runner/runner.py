@@ -108,14 +108,13 @@ class Runner:
         for msg in channels.take_reports(timeout_s):
             if msg["kind"] == "error":
                 reason = msg.get("reason")  # an error that says it all in one line, without a traceback
-                last_line = msg["traceback"].strip().splitlines()[-1]
                 self.say(f"ERROR: {msg['process']}: {reason}" if reason
                          else f"ERROR: {msg['process']} crashed:\n{msg['traceback']}")
                 if self.supervisor is not None:
                     self.supervisor.note_error(msg["process"], msg["traceback"])
-                if msg["process"] == "fastrl-learner":
-                    self.failure = self.failure or (f"fastrl-learner: {reason}" if reason
-                                                    else f"fastrl-learner crashed: {last_line}")
+                if msg["process"] == "fastrl-learner" and self.failure is None:
+                    last_line = (msg["traceback"].strip().splitlines() or ["(no traceback)"])[-1]
+                    self.failure = f"fastrl-learner: {reason}" if reason else f"fastrl-learner crashed: {last_line}"
             elif msg["kind"] == "weights_layout":
                 self._complete_weights(msg["layout"])
             else:

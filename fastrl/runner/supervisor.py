@@ -147,8 +147,8 @@ class Supervisor:
         now = time.time()
         if self._last_check is not None and now - self._last_check > CHECK_GAP_S:
             self._watching_since = now
-            self.log.info("the runner itself did not run for %.0f s (paused, suspended or starved): the "
-                          "children's heartbeats count from now", now - self._last_check)
+            self.log.info("the runner did not check on its children for %.0f s (paused, suspended, starved or "
+                          "busy): their heartbeats count from now", now - self._last_check)
         self._last_check = now
         for name, child in list(self.children.items()):
             why = self._fault(name, child, now)

@@ -213,7 +213,7 @@ class Supervisor:
     # --- stopping
     def shutdown(self) -> None:
         self.control.request_stop()
-        self._kill_children_that_cannot_see_the_stop()
+        self._kill_workers_that_cannot_see_the_stop()
         deadline = {name: time.monotonic() + (LEARNER_JOIN_S if c.role == "learner" else WORKER_JOIN_S)
                     for name, c in self.children.items()}
         for name, c in self.children.items():
@@ -227,21 +227,18 @@ class Supervisor:
                 p.kill()
                 p.join(2.0)
 
-    def _kill_children_that_cannot_see_the_stop(self) -> None:
-        """A child still starting (no heartbeat yet: importing torch, unpickling its context, building
-        the network) or a rollout worker inside one env-making call sees the stop flag only once that
-        is over: seconds on two cores (a Ctrl-C in a run's first seconds took 3-4.5 s to take effect).
-        Such a child has nothing to save: rollout and inference workers never have, and a learner
-        that has not beaten yet has trained nothing, so the run's newest checkpoint (or, for a fresh
-        run, the seeded start a --resume would build again) is all there is. It is killed at once
-        rather than waited for. A learner that has started is always waited for: its final checkpoint."""
+    def _kill_workers_that_cannot_see_the_stop(self) -> None:
+        """A rollout or inference worker still starting (no heartbeat yet: importing torch, unpickling
+        its context) or inside one env-making call sees the stop flag only once that is over: seconds
+        on two cores (a Ctrl-C in a run's first seconds took 3-4.5 s to take effect). Such a worker
+        has nothing to save, so it is killed at once rather than waited for. The learner is always
+        waited for, even while it starts: a stop leaves a checkpoint, whenever it comes."""
         heartbeats, making_envs_since = self.control.heartbeats.array, self.control.making_envs_since.array
         for name, c in self.children.items():
-            if not c.process.is_alive():
+            if c.role == "learner" or not c.process.is_alive():
                 continue
-            starting = heartbeats[c.hb] == 0.0
-            if starting or (c.role != "learner" and making_envs_since[c.hb] != 0.0):
-                doing = "still starting" if starting else "making envs"
+            if heartbeats[c.hb] == 0.0 or making_envs_since[c.hb] != 0.0:
+                doing = "still starting" if heartbeats[c.hb] == 0.0 else "making envs"
                 self.log.info("%s was %s at the stop, which it cannot see until that is over: killed it", name, doing)
                 c.process.kill()
 

@@ -67,6 +67,13 @@ def test_a_full_disk_is_one_error_and_later_rows_are_dropped(tmp_path):
     record.close()
 
 
+def test_a_record_that_cannot_even_be_made_is_the_same_error(tmp_path):
+    record = JsonLinesRecord(tmp_path / "gone" / "metrics.jsonl")  # its directory was removed under the run
+    assert record.error.startswith(f"could not write {tmp_path / 'gone' / 'metrics.jsonl'}: [Errno 2]")
+    record.append({"env_steps": 1})
+    record.close()
+
+
 def test_a_row_is_appended_whole_to_what_the_file_held(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"env_steps": 1}\n')  # a resumed run's file

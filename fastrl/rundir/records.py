@@ -29,9 +29,14 @@ class AppendOnlyFile:
     def __init__(self, path: Path):
         self.path = path
         self.error: str | None = None
-        # O_APPEND: a resumed run continues the same file
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
-        self._size_bytes = os.fstat(self._fd).st_size
+        self._fd: int | None = None
+        self._size_bytes = 0
+        try:  # O_APPEND: a resumed run continues the same file
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+            self._size_bytes = os.fstat(self._fd).st_size
+        except OSError as e:  # no room even for the file's name: the same stop as a row that does not fit
+            self.error = f"could not write {self.path}: {e}"
+            self.close()
 
     def append(self, data: bytes) -> bool:
         """Write `data` whole; False (and `error` set) if it could not be, now or before."""

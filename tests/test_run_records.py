@@ -135,13 +135,13 @@ def test_a_log_line_that_cannot_be_written_is_said_once(tmp_path):
                                        "device; its further lines are dropped"]
 
 
-CARTPOLE = ["--config", str(ROOT / "configs/cartpole.yaml"), "--set", "run.stop_at_mean_return=null",
-            "--set", "run.report_interval_s=1"]
+CARTPOLE_ARGS = ["--config", str(ROOT / "configs/cartpole.yaml"), "--set", "run.stop_at_mean_return=null",
+                 "--set", "run.report_interval_s=1"]
 
 
 @pytest.mark.integration
 def test_a_run_whose_records_fill_the_disk_stops_in_order(tmp_path):
-    first = RunProcess(*CARTPOLE, "--set", "run.train_for_env_steps=20000", runs_dir=tmp_path)
+    first = RunProcess(*CARTPOLE_ARGS, "--set", "run.train_for_env_steps=20000", runs_dir=tmp_path)
     assert first.wait(120) == 0, first.output
     metrics = first.run_dir / "metrics.jsonl"
     metrics.unlink()
@@ -160,7 +160,7 @@ def test_a_run_whose_records_fill_the_disk_stops_in_order(tmp_path):
 
 @pytest.mark.integration
 def test_a_checkpoint_the_disk_refuses_stops_the_run_with_one_line(tmp_path):
-    first = RunProcess(*CARTPOLE, "--set", "run.train_for_env_steps=20000", runs_dir=tmp_path)
+    first = RunProcess(*CARTPOLE_ARGS, "--set", "run.train_for_env_steps=20000", runs_dir=tmp_path)
     assert first.wait(120) == 0, first.output
     (start,) = (first.run_dir / "checkpoints").glob("checkpoint_*.pt")
     start = start.rename(tmp_path / "start.pt")

@@ -1,7 +1,9 @@
 """What every child process does around its loop: name itself, die with its parent, set torch
 threads, ignore Ctrl-C and a terminal's hang-up (the runner orchestrates shutdown), log to the
 run's log file, and report a crash with its traceback to the runner before exiting (the runner
-then replaces a rollout or inference worker, or stops the run if it was the learner).
+then replaces a rollout or inference worker, or stops the run if it was the learner). Also the
+signal conventions the runner shares with its children: which signals a terminal sends, starting
+children that ignore them from birth, and dying of a signal once its stop is done.
 """
 
 from __future__ import annotations

@@ -241,17 +241,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = run_bench(cfg, spec, " + ".join(args.config or ["defaults"]), args.overrides, args.seconds,
                            args.stages or list(STAGES),
                            Progress(), rounds=args.rounds)
-    except BenchInterrupted as e:
+    except (BenchInterrupted, KeyboardInterrupt) as e:
         print("fastrl bench: interrupted", file=sys.stderr)
-        return 128 + e.signum
-    except KeyboardInterrupt:
-        print("fastrl bench: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+        return 128 + _interrupting_signal(e)
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def _interrupting_signal(error: BaseException) -> int:
+    """The signal behind a bench's or tune's interruption: the run's own (BenchInterrupted), or SIGINT
+    for a KeyboardInterrupt between runs."""
+    return getattr(error, "signum", signal.SIGINT)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -267,11 +270,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     interrupted_by = None
     try:
         tuner.run()
-    except BenchInterrupted as e:
-        interrupted_by = e.signum
-    except KeyboardInterrupt:
-        interrupted_by = signal.SIGINT
-    if interrupted_by is not None:
+    except (BenchInterrupted, KeyboardInterrupt) as e:
+        interrupted_by = _interrupting_signal(e)
         print("fastrl tune: interrupted; writing what was measured", file=sys.stderr)
     print(tuner.finish())
     return 0 if interrupted_by is None else 128 + interrupted_by

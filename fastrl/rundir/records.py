@@ -13,6 +13,7 @@ runner stops the run in order with that error as its reason.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -21,6 +22,7 @@ import struct
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 
 class AppendOnlyFile:
@@ -35,13 +37,12 @@ class AppendOnlyFile:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
             self._size_bytes = os.fstat(self._fd).st_size
         except OSError as e:  # no room even for the file's name: the same stop as a row that does not fit
-            self.error = f"could not write {self.path}: {e}"
-            self.close()
+            self._fail(e)
 
-    def append(self, data: bytes) -> bool:
-        """Write `data` whole; False (and `error` set) if it could not be, now or before."""
+    def append(self, data: bytes) -> None:
+        """Write `data` whole, or not at all and `error` says why (dropped once a write has failed)."""
         if self._fd is None:
-            return False
+            return
         written = 0
         try:
             while written < len(data):
@@ -52,16 +53,14 @@ class AppendOnlyFile:
                 written += step
         except OSError as e:
             self._fail(e)
-            return False
+            return
         self._size_bytes += written
-        return True
 
     def _fail(self, error: OSError) -> None:
         self.error = f"could not write {self.path}: {error}"
-        try:
-            os.ftruncate(self._fd, self._size_bytes)  # the partial row goes, so the file ends whole
-        except OSError:
-            pass
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size_bytes)  # the partial row goes, so the file ends whole
         self.close()
 
     def close(self) -> None:
@@ -121,16 +120,7 @@ class ScalarEventsRecord:
         self._file.close()
 
 
-class _Protos:
-    def __init__(self):
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.proto.summary_pb2 import Summary
-        from tensorboardX.record_writer import masked_crc32c
-
-        self.Event, self.Summary, self.masked_crc32c = Event, Summary, masked_crc32c
-
-
-def _tensorboard_protos() -> _Protos:
+def _tensorboard_protos() -> SimpleNamespace:
     """tensorboardX's Event proto and CRC, imported without loading torch when this process has not.
 
     Importing any part of tensorboardX runs its package __init__, which imports torch, if installed,
@@ -142,7 +132,10 @@ def _tensorboard_protos() -> _Protos:
     if blocked:
         sys.modules["torch"] = None
     try:
-        return _Protos()
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.record_writer import masked_crc32c
     finally:
         if blocked:
             del sys.modules["torch"]
+    return SimpleNamespace(Event=Event, Summary=Summary, masked_crc32c=masked_crc32c)

@@ -16,6 +16,8 @@ FIELDS = ("obs", "reward", "terminated", "truncated", "score", "game_over")
     ("CartPole-v1", 16, 300, {"max_episode_steps": 20}),     # truncations and terminations
     ("HalfCheetah-v5", 8, 120, {"max_episode_steps": 30}),   # float32 actions cast to envpool's float64
     ("Pong-v5", 2, 150, {"max_episode_steps": 40}),          # Atari's unclipped score and game-over keys
+    ("LunarLanderContinuous-v2", 4, 200, {}),               # Box2D declares its action shape with no -1 axis
+    ("BipedalWalker-v3", 4, 200, {"max_episode_steps": 50}),
 ])
 def test_direct_calls_step_exactly_like_the_public_api(env_id, num_envs, steps, kwargs):
     env_cfg = EnvConfig(id=env_id, kwargs=kwargs)

@@ -69,7 +69,9 @@ class _DirectCalls:
         self.send_raw, self.recv_raw = env._send, env._recv
         self.index = {key: i for i, key in enumerate(env._state_keys)}
         action_type = env._spec._action_spec[-1][0]
-        action_shape = [len(ids), *env._spec._action_spec[-1][1][1:]]
+        # envpool's gym spaces drop every -1 (the players' axis) from a spec's shape: MuJoCo declares
+        # [-1, 6], Box2D's continuous envs [2] with no such axis
+        action_shape = [len(ids), *(n for n in env._spec._action_spec[-1][1] if n != -1)]
         self.ids = ids
         # envpool reads the action from this memory in its own threads after `send` returns, so it
         # must be ours and stay unchanged until the matching recv

@@ -132,6 +132,12 @@ def _load(config_path: str | None, overrides: list[str], saved: dict | None = No
         spec = resolve_env(cfg.env)
     except EnvError as e:
         problems.append(str(e))
+    if spec is not None:
+        from fastrl.config.checks import encoder_problem
+
+        problem = encoder_problem(cfg.model, spec)
+        if problem:
+            problems.append(problem)
     if spec is not None and cfg.sampler.acting_backend == "numpy":
         from fastrl.models.numpy_policy import unsupported_reason
 
@@ -296,7 +302,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                       args.deterministic, args.seed, record=bool(args.video), on_episode=progress)
         print(result.text())
         if args.video:
-            print(f"wrote {write_video(result.frames, Path(args.video))}")
+            print(f"wrote {write_video(result.frames, Path(args.video), channels_last=result.frames_channels_last)}")
     except (EvalError, CheckpointError, EnvError, VideoError) as e:
         return _one_line_error(str(e))
     return 0

@@ -1,4 +1,5 @@
-"""A user-registered gymnasium env that envpool does not have: walk right along a chain to the goal."""
+"""User-registered gymnasium envs that envpool does not have: a chain to walk right along to the goal,
+and images in gymnasium's [H, W, C] order whose colour names the rewarded action."""
 
 import gymnasium as gym
 import numpy as np
@@ -30,3 +31,36 @@ class ChainEnv(gym.Env):
 
 
 gym.register("FastrlTestChain-v0", entry_point=ChainEnv)
+
+
+class ColourEnv(gym.Env):
+    """[H, W, 3] uint8 images, gymnasium's order: each step shows a red or a blue field, and the action
+    that names its colour (0 red, 1 blue) earns 1. Twenty steps an episode: a policy that reads the
+    image earns 20, one that guesses ~10."""
+
+    SIDE = 40
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0, 255, (self.SIDE, self.SIDE, 3), np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.colour = 0
+        self.steps = 0
+
+    def _obs(self):
+        self.colour = int(self.np_random.integers(2))
+        obs = np.zeros(self.observation_space.shape, dtype=np.uint8)
+        obs[..., 0 if self.colour == 0 else 2] = 200
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.colour)
+        self.steps += 1
+        return self._obs(), reward, False, self.steps >= 20, {}
+
+
+gym.register("FastrlTestColours-v0", entry_point=ColourEnv)

@@ -123,6 +123,32 @@ def test_user_registered_gymnasium_env_runs(tmp_path):
     assert_clean(run)
 
 
+def test_a_gymnasium_env_of_hwc_images_learns_and_its_eval_draws_them_in_colour(tmp_path):
+    """gymnasium's images are [H, W, C]: the run must build a CNN of C input channels, learn from the
+    colour (a guessing policy earns ~10 of 20; ~15 s here), and eval's GIF must show the colour.
+    Before, the [40, 40, 3] images built a CNN of 40 input channels that could not run."""
+    env = {"PYTHONPATH": str(ROOT / "tests")}
+    run = RunProcess("--config", CARTPOLE, "--set", "env.id=custom_env:FastrlTestColours-v0",
+                     "--set", "model.encoder=nature_cnn", "--set", "run.stop_at_mean_return=18",
+                     "--set", "run.train_for_env_steps=300000", runs_dir=tmp_path, env=env)
+    assert run.wait(180) == 0, run.output
+    assert "mean return of the last 100 episodes reached 18" in run.output, run.output
+    gif = tmp_path / "colours.gif"
+    evaluation = RunProcess(str(run.run_dir), "--episodes", "2", "--deterministic", "--video", str(gif),
+                            command="eval", env=env)
+    assert evaluation.wait(120) == 0, evaluation.output
+    assert re.search(r"return (1[89]|20)\.\d\d ", evaluation.output), evaluation.output
+    from PIL import Image
+
+    colours = set()
+    with Image.open(gif) as im:
+        for k in range(min(im.n_frames, 10)):
+            im.seek(k)
+            colours.add(im.convert("RGB").getpixel((5, 5)))
+    assert colours <= {(200, 0, 0), (0, 0, 200)} and len(colours) == 2, colours  # red and blue fields, not gray
+    assert_clean(run)
+
+
 def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
     """With one slot per batch the learner frees slots one at a time; each must not always go to
     worker 0 (it did: worker 1 then stopped after its first two slots for the whole run).

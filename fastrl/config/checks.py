@@ -18,11 +18,29 @@ def samples_per_slot(cfg: Config) -> int:
     return cfg.sampler.rollout_len * envs_per_split(cfg)
 
 
+# The Nature CNN's convs (8x8 stride 4, 4x4 stride 2, 3x3 stride 1) leave no pixel of a smaller side
+NATURE_CNN_MIN_SIDE = 36
+
+
+def nature_cnn_fits(spec) -> bool:
+    return spec.is_image and min(spec.image_chw[1:]) >= NATURE_CNN_MIN_SIDE
+
+
 def resolve_encoder(model_cfg, spec) -> str:
-    """model.encoder with auto resolved: the Nature CNN for image observations, else an MLP."""
+    """model.encoder with auto resolved: the Nature CNN for image observations it can take, else an MLP
+    (MiniGrid's 7x7 views, say, are flattened)."""
     if model_cfg.encoder != "auto":
         return model_cfg.encoder
-    return "nature_cnn" if spec.is_image else "mlp"
+    return "nature_cnn" if nature_cnn_fits(spec) else "mlp"
+
+
+def encoder_problem(model_cfg, spec) -> str | None:
+    """Why model.encoder cannot take this env's observations, or None."""
+    if model_cfg.encoder == "nature_cnn" and not nature_cnn_fits(spec):
+        what = f"images of {spec.obs_shape}" if spec.is_image else f"observations of shape {spec.obs_shape}"
+        return (f"model.encoder=nature_cnn needs image observations at least {NATURE_CNN_MIN_SIDE}x"
+                f"{NATURE_CNN_MIN_SIDE}; {spec.env_id} has {what} (use auto or mlp)")
+    return None
 
 
 def rollout_workers_act(cfg: Config) -> bool:

@@ -56,7 +56,8 @@ class SamplerConfig:
 @dataclass
 class ModelConfig:
     encoder: Literal["auto", "mlp", "nature_cnn"] = opt(
-        "auto", "Observation encoder; auto = nature_cnn for image observations, else mlp.")
+        "auto", "Observation encoder; auto = nature_cnn for image observations of at least 36x36 "
+        "([C, H, W] or [H, W, C]), else mlp.")
     hidden_sizes: list = opt([64, 64], "Hidden layer widths of the MLP encoder (and of the CNN's head: first entry).")
     activation: Literal["tanh", "relu"] = opt("tanh", "MLP activation.")
     shared_encoder: bool = opt(False, "One encoder for actor and critic; False gives each its own.")

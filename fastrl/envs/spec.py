@@ -32,10 +32,25 @@ class EnvSpec:
     action_low: tuple = ()
     action_high: tuple = ()
     frames_per_env_step: int = 1  # Atari frameskip: frames = env steps * this
+    obs_channels_last: bool = False  # an image stored [H, W, C] (gymnasium's habit), not [C, H, W] (envpool Atari's)
 
     @property
     def is_image(self) -> bool:
         return len(self.obs_shape) == 3
+
+    @property
+    def image_chw(self) -> tuple:
+        """An image observation's (channels, height, width), whichever order the env stores them in."""
+        if self.obs_channels_last:
+            h, w, c = self.obs_shape
+            return c, h, w
+        return tuple(self.obs_shape)
+
+
+def stores_channels_last(shape: tuple) -> bool:
+    """Whether a 3-D observation is an [H, W, C] image: a last axis of 1-4 channels after a longer first
+    one (CarRacing's 96x96x3, a gymnasium wrapper's 84x84x4). Atari through envpool is [4, 84, 84]."""
+    return len(shape) == 3 and shape[2] <= 4 < shape[0]
 
 
 def envpool_ids(env_id: str | None = None) -> list[str]:
@@ -66,13 +81,13 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
     if not isinstance(obs_space, gym.spaces.Box):
         raise EnvError(f"{env_id}: observation space {obs_space} is not a Box; fastrl supports array observations")
     obs_dtype = np.dtype(np.float32) if np.issubdtype(obs_space.dtype, np.floating) else np.dtype(obs_space.dtype)
+    obs_shape = tuple(obs_space.shape)
+    layout = dict(frames_per_env_step=frames_per_env_step, obs_channels_last=stores_channels_last(obs_shape))
     if isinstance(act_space, gym.spaces.Discrete):
-        return EnvSpec(env_id, backend, tuple(obs_space.shape), obs_dtype, True, int(act_space.n),
-                       frames_per_env_step=frames_per_env_step)
+        return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, int(act_space.n), **layout)
     if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
-        return EnvSpec(env_id, backend, tuple(obs_space.shape), obs_dtype, False, int(act_space.shape[0]),
-                       tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high),
-                       frames_per_env_step=frames_per_env_step)
+        return EnvSpec(env_id, backend, obs_shape, obs_dtype, False, int(act_space.shape[0]),
+                       tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high), **layout)
     raise EnvError(f"{env_id}: action space {act_space} is not supported (Discrete or 1-D Box)")
 
 

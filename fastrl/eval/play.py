@@ -33,6 +33,7 @@ class EvalResult:
     returns: list = field(default_factory=list)
     lengths: list = field(default_factory=list)
     frames: list = field(default_factory=list)  # of the first env's episode, when recording
+    frames_channels_last: bool = False  # the recorded observations are [H, W, C]
 
     def text(self) -> str:
         r, n = np.asarray(self.returns), np.asarray(self.lengths)
@@ -67,7 +68,7 @@ def play(run_dir: Path, checkpoint: Path | None = None, episodes: int = 10, dete
     cfg, spec, model, ckpt, env_steps = load_policy(run_dir, checkpoint)
     torch.manual_seed(seed)
     env = make_split(cfg.env, spec, episodes, 1, seed)
-    result = EvalResult(str(ckpt), env_steps)
+    result = EvalResult(str(ckpt), env_steps, frames_channels_last=spec.obs_channels_last)
     score = np.zeros(episodes)
     length = np.zeros(episodes, dtype=np.int64)
     done = np.zeros(episodes, dtype=bool)

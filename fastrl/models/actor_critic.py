@@ -33,16 +33,20 @@ def _mlp(in_dim: int, hidden: list, activation: str) -> tuple[nn.Module, int]:
 
 
 class NatureCNN(nn.Module):
-    """Mnih et al. (2015): 3 conv layers and a 512-unit layer; uint8 frames scaled to [0, 1]."""
+    """Mnih et al. (2015): 3 conv layers and a 512-unit layer; uint8 frames scaled to [0, 1].
 
-    def __init__(self, obs_shape: tuple, out_dim: int = 512):
+    `chw`: the image's (channels, height, width); `obs_channels_last`: the observations arrive
+    [N, H, W, C] (gymnasium's order) rather than [N, C, H, W] (envpool Atari's)."""
+
+    def __init__(self, chw: tuple, out_dim: int = 512, obs_channels_last: bool = False):
         super().__init__()
-        c = obs_shape[0]
+        c = chw[0]
+        self.obs_channels_last = obs_channels_last
         self.convs = nn.Sequential(
             nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
         with torch.no_grad():
-            n = self.convs(torch.zeros(1, *obs_shape)).shape[1]
+            n = self.convs(torch.zeros(1, *chw)).shape[1]
         self.fc = nn.Sequential(WeightLeftLinear(n, out_dim), nn.ReLU())
         self.input_dtype = torch.float32  # bf16 under model.precision=bf16: the convs would cast to it anyway
         for m in self.modules():
@@ -50,10 +54,15 @@ class NatureCNN(nn.Module):
                 nn.init.orthogonal_(m.weight, math.sqrt(2))
                 nn.init.zeros_(m.bias)
 
+    def as_nchw(self, obs: torch.Tensor) -> torch.Tensor:
+        """The observations as the convs index them, [N, C, H, W]: [N, H, W, C] ones become a view that
+        is channels-last in memory, which is also the layout the CPU's convs run fastest in."""
+        return obs.permute(0, 3, 1, 2) if self.obs_channels_last else obs
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         # the frames become the dtype and memory order the first conv wants, scaled, in one pass
         channels_last = self.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
-        return self.fc(self.convs(frames_to_input(obs, self.input_dtype, channels_last)))
+        return self.fc(self.convs(frames_to_input(self.as_nchw(obs), self.input_dtype, channels_last)))
 
 
 class ActorCritic(nn.Module):
@@ -66,7 +75,7 @@ class ActorCritic(nn.Module):
         def make_encoder():
             if encoder == "nature_cnn":
                 width = cfg.hidden_sizes[0] if cfg.hidden_sizes else 512
-                return NatureCNN(spec.obs_shape, width), width
+                return NatureCNN(spec.image_chw, width, spec.obs_channels_last), width
             return _mlp(int(math.prod(spec.obs_shape)), cfg.hidden_sizes, cfg.activation)
 
         self.actor_encoder, feat = make_encoder()

@@ -1,5 +1,6 @@
-"""User-registered gymnasium envs that envpool does not have: a chain to walk right along to the goal,
-and images in gymnasium's [H, W, C] order whose colour names the rewarded action."""
+"""User-registered gymnasium envs that envpool does not have: a chain to walk right along to the goal
+(observed as an array or as a Dict), and images in gymnasium's [H, W, C] order whose colour names the
+rewarded action."""
 
 import gymnasium as gym
 import numpy as np
@@ -64,3 +65,19 @@ class ColourEnv(gym.Env):
 
 
 gym.register("FastrlTestColours-v0", entry_point=ColourEnv)
+
+
+class DictChainEnv(ChainEnv):
+    """ChainEnv observed as a Dict, as DeepMind Control and MiniGrid observe: the position one-hot
+    (Box) and the steps taken (Discrete)."""
+
+    def __init__(self, length: int = 8):
+        super().__init__(length)
+        self.observation_space = gym.spaces.Dict({"position": gym.spaces.Box(0.0, 1.0, (length,), np.float32),
+                                                  "steps": gym.spaces.Discrete(51)})
+
+    def _obs(self):
+        return {"position": super()._obs(), "steps": self.steps}
+
+
+gym.register("FastrlTestDictChain-v0", entry_point=DictChainEnv)

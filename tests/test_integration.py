@@ -111,9 +111,11 @@ def test_gymnasium_backend_runs(tmp_path):
     assert_clean(run)
 
 
-def test_user_registered_gymnasium_env_runs(tmp_path):
-    """An env envpool lacks, registered by the user's own module, runs through the gymnasium backend."""
-    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "env.id=custom_env:FastrlTestChain-v0",
+@pytest.mark.parametrize("env_id", ["FastrlTestChain-v0", "FastrlTestDictChain-v0"], ids=["box", "dict"])
+def test_user_registered_gymnasium_env_runs(tmp_path, env_id):
+    """An env envpool lacks, registered by the user's own module, runs through the gymnasium backend;
+    observed as a Dict too (before, refused as "not a Box"), flattened by the rollout worker's split."""
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", f"env.id=custom_env:{env_id}",
                      "--set", "run.train_for_env_steps=10000", runs_dir=tmp_path,
                      env={"PYTHONPATH": str(ROOT / "tests")})
     assert run.wait(120) == 0, run.output

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fastrl.config.schema import EnvConfig
+from fastrl.envs.flatten import DictFlattener
 from fastrl.envs.spec import resolve_env
 from fastrl.envs.vector import EnvpoolSplit, _DirectCalls
 
@@ -59,3 +60,8 @@ def test_an_unexpected_envpool_layout_falls_back_to_the_public_api():
     assert not _DirectCalls.supported(SimpleNamespace(**{**layout, "_recv": None}))
     no_send = {k: v for k, v in layout.items() if k != "_send"}
     assert not _DirectCalls.supported(SimpleNamespace(**no_send))
+    flatten = DictFlattener((("a", 2), ("b", 1)), num_envs=4)  # a Dict observation: one output per key
+    assert not _DirectCalls.supported(SimpleNamespace(**layout), flatten)
+    dict_keys = ["info:env_id", "obs:a", "reward", "done", "trunc", "obs:b"]
+    assert _DirectCalls.supported(SimpleNamespace(**{**layout, "_state_keys": dict_keys}), flatten)
+    assert not _DirectCalls.supported(SimpleNamespace(**{**layout, "_state_keys": dict_keys[:-1]}), flatten)

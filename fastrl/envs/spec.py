@@ -15,6 +15,7 @@ import numpy as np
 
 from fastrl.config.schema import EnvConfig
 from fastrl.envs.envpool_loader import load_envpool
+from fastrl.envs.flatten import dict_layout
 
 
 class EnvError(Exception):
@@ -33,6 +34,7 @@ class EnvSpec:
     action_high: tuple = ()
     frames_per_env_step: int = 1  # Atari frameskip: frames = env steps * this
     obs_channels_last: bool = False  # an image stored [H, W, C] (gymnasium's habit), not [C, H, W] (envpool Atari's)
+    obs_dict: tuple = ()  # a Dict observation's ((key, size), ...), flattened in that order (fastrl.envs.flatten)
 
     @property
     def is_image(self) -> bool:
@@ -78,11 +80,20 @@ def gymnasium_ids() -> list[str]:
 def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_per_env_step: int) -> EnvSpec:
     import gymnasium as gym
 
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise EnvError(f"{env_id}: observation space {obs_space} is not a Box; fastrl supports array observations")
-    obs_dtype = np.dtype(np.float32) if np.issubdtype(obs_space.dtype, np.floating) else np.dtype(obs_space.dtype)
-    obs_shape = tuple(obs_space.shape)
-    layout = dict(frames_per_env_step=frames_per_env_step, obs_channels_last=stores_channels_last(obs_shape))
+    try:
+        obs_dict = dict_layout(obs_space)
+    except ValueError as e:
+        raise EnvError(f"{env_id}: observation space {obs_space} cannot be used: {e}") from None
+    if obs_dict is not None:
+        obs_shape, obs_dtype = (sum(size for _, size in obs_dict),), np.dtype(np.float32)
+    elif isinstance(obs_space, gym.spaces.Box):
+        obs_shape = tuple(obs_space.shape)
+        obs_dtype = np.dtype(np.float32) if np.issubdtype(obs_space.dtype, np.floating) else np.dtype(obs_space.dtype)
+    else:
+        raise EnvError(f"{env_id}: observation space {obs_space} is neither a Box nor a Dict of them; "
+                       "fastrl supports array observations")
+    layout = dict(frames_per_env_step=frames_per_env_step, obs_channels_last=stores_channels_last(obs_shape),
+                  obs_dict=obs_dict or ())
     if isinstance(act_space, gym.spaces.Discrete):
         return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, int(act_space.n), **layout)
     if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:

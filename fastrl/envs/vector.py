@@ -15,6 +15,7 @@ import numpy as np
 
 from fastrl.config.schema import EnvConfig, SamplerConfig
 from fastrl.envs.spec import EnvSpec, gymnasium_with_fastrl_envs
+from fastrl.envs.flatten import DictFlattener
 
 
 @dataclass
@@ -49,7 +50,7 @@ def step_from_raw(obs, reward, done, trunc, env_id, score=None, game_over=None) 
 
 # What envpool's C++ send takes and recv returns, for the single-player envs fastrl steps.
 _ACTION_KEYS = ["env_id", "players.env_id", "action"]
-_STATE_KEYS_NEEDED = ("info:env_id", "obs", "reward", "done", "trunc")
+_STATE_KEYS_NEEDED = ("info:env_id", "reward", "done", "trunc")
 _ATARI_KEYS = ("info:lives", "info:reward", "info:terminated")
 
 
@@ -62,12 +63,27 @@ class _DirectCalls:
     the one case fastrl uses (single player, every env in every call, gymnasium's
     terminated = done and not truncated) and is only built when envpool's private layout is the
     one checked here; otherwise the split goes through the public API.
+
+    A Dict observation comes out of `_recv` as one array per key ("obs:position", ...): `recv_raw`
+    then appends their flattening (DictFlattener) to `_recv`'s list and reads it from there, and so does
+    fastrl_ext._rollout, which calls `recv_raw`.
     """
 
-    def __init__(self, env, ids: np.ndarray):
-        """`ids`: every env of the split, in order (each call carries all of them)."""
+    def __init__(self, env, ids: np.ndarray, flatten: DictFlattener | None = None):
+        """`ids`: every env of the split, in order (each call carries all of them); `flatten`: the
+        split's flattener of a Dict observation."""
         self.send_raw, self.recv_raw = env._send, env._recv
         self.index = {key: i for i, key in enumerate(env._state_keys)}
+        if flatten is not None:
+            envpool_recv, obs_positions = env._recv, tuple(self.index[key] for key in _obs_keys(flatten))
+
+            def recv_flattened() -> list:
+                values = envpool_recv()
+                values.append(flatten.gather(values, obs_positions))
+                return values
+
+            self.recv_raw = recv_flattened
+            self.index["obs"] = len(env._state_keys)  # where recv_flattened puts it
         action_type = env._spec._action_spec[-1][0]
         # envpool's gym spaces drop every -1 (the players' axis) from a spec's shape: MuJoCo declares
         # [-1, 6], Box2D's continuous envs [2] with no such axis
@@ -85,8 +101,9 @@ class _DirectCalls:
         self.send_args = [self.ids, self.ids, self.actions]  # envpool reads the actions after `_send` returns
 
     @staticmethod
-    def supported(env) -> bool:
-        """Whether envpool's private layout is the one this class was written against (1.2.5's)."""
+    def supported(env, flatten: DictFlattener | None = None) -> bool:
+        """Whether envpool's private layout is the one this class was written against (1.2.5's), with the
+        observation as one "obs" output or, given `flatten`, as one "obs:<key>" output per Dict key."""
         try:
             action_keys, state_keys = list(env._action_keys), list(env._state_keys)
             calls = callable(env._send) and callable(env._recv)
@@ -94,8 +111,9 @@ class _DirectCalls:
             players = env.config.get("max_num_players", 1)
         except (AttributeError, TypeError):
             return False
+        needed = (*_STATE_KEYS_NEEDED, *(_obs_keys(flatten) if flatten is not None else ["obs"]))
         return (calls and action_keys == _ACTION_KEYS and len(action_spec) == len(_ACTION_KEYS) and players == 1
-                and all(k in state_keys for k in _STATE_KEYS_NEEDED))
+                and all(k in state_keys for k in needed))
 
     def send(self, actions: np.ndarray) -> None:
         self.actions[...] = actions  # casts like envpool's own astype (HalfCheetah takes float64)
@@ -107,6 +125,15 @@ class _DirectCalls:
         obs, reward, done, trunc, env_id, score, game_over = self.positions
         return (values[obs], values[reward], values[done], values[trunc], values[env_id],
                 values[score] if score >= 0 else None, values[game_over] if game_over >= 0 else None)
+
+
+def _obs_keys(flatten: DictFlattener) -> list:
+    """envpool's state keys of a Dict observation's entries, in the flattener's order."""
+    return [f"obs:{key}" for key in flatten.keys]
+
+
+def _direct_calls(env, ids: np.ndarray, flatten: DictFlattener | None, direct: bool) -> _DirectCalls | None:
+    return _DirectCalls(env, ids, flatten) if direct and _DirectCalls.supported(env, flatten) else None
 
 
 class EnvpoolSplit:
@@ -122,7 +149,8 @@ class EnvpoolSplit:
                                                    batch_size=num_envs, num_threads=num_threads, seed=seed,
                                                    **env_cfg.kwargs)
         self._ids = np.arange(num_envs, dtype=np.int32)
-        self._direct = _DirectCalls(self._env, self._ids) if direct and _DirectCalls.supported(self._env) else None
+        self._flatten = DictFlattener(spec.obs_dict, num_envs) if spec.obs_dict else None
+        self._direct = _direct_calls(self._env, self._ids, self._flatten, direct)
 
     @property
     def direct(self) -> bool:
@@ -151,6 +179,8 @@ class EnvpoolSplit:
         if self._direct is not None:
             return self._direct.recv()
         obs, reward, terminated, truncated, info = self._env.recv()
+        if self._flatten is not None:
+            obs = self._flatten(obs)
         atari = "lives" in info
         return (obs, reward, terminated | truncated, truncated, info["env_id"],
                 info["reward"] if atari else None, info["terminated"] if atari else None)
@@ -180,6 +210,7 @@ class SharedEnvpool:
         self.env = load_envpool(spec.env_id).make(spec.env_id, env_type="gymnasium",
                                                   num_envs=num_groups * envs_per_group, batch_size=envs_per_group,
                                                   num_threads=1, seed=seed, **env_cfg.kwargs)
+        self.spec = spec
         self.reset_sent = False
         self.open_groups = num_groups
 
@@ -193,7 +224,8 @@ class PooledGroup(EnvpoolSplit):
         self._env = pool.env
         self.first_id = group * num_envs
         self._ids = np.arange(self.first_id, self.first_id + num_envs, dtype=np.int32)
-        self._direct = _DirectCalls(pool.env, self._ids) if direct and _DirectCalls.supported(pool.env) else None
+        self._flatten = DictFlattener(pool.spec.obs_dict, num_envs) if pool.spec.obs_dict else None
+        self._direct = _direct_calls(pool.env, self._ids, self._flatten, direct)
         if self._direct is not None:
             # fastrl_ext._rollout calls this through raw_calls, so the ids are checked and made local there too
             envpool_recv, id_position = self._direct.recv_raw, self._direct.positions[4]
@@ -243,9 +275,11 @@ class GymnasiumSplit:
         self._env = gym.vector.SyncVectorEnv([lambda: gym.make(spec.env_id, **env_cfg.kwargs)] * num_envs,
                                              autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
         self._actions = None
+        self._flatten = DictFlattener(spec.obs_dict, num_envs) if spec.obs_dict else (lambda obs: obs)
 
     def reset(self) -> Step:
         obs, _ = self._env.reset(seed=self._seed)
+        obs = self._flatten(obs)
         zeros = np.zeros(self.num_envs, dtype=np.float32)
         no = np.zeros(self.num_envs, dtype=bool)
         return Step(obs, zeros, no, no, zeros, no)
@@ -255,6 +289,7 @@ class GymnasiumSplit:
 
     def recv(self) -> Step:
         obs, reward, terminated, truncated, _ = self._env.step(self._actions)
+        obs = self._flatten(obs)
         reward = np.asarray(reward, dtype=np.float32)
         return Step(obs, reward, terminated, truncated, reward, terminated | truncated)
 

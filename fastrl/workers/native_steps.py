@@ -43,6 +43,9 @@ def unavailable_reason(worker) -> str | None:
         return "the worker does not record natively"
     if worker.obs.dtype != np.float32:
         return "observations are not float32"
+    if getattr(worker.envs[0], "raw_calls", lambda: None)() is None:
+        # NativeSteps.run would find this out at its first call and leave every step to Python anyway
+        return "the envs do not take envpool's direct calls (gymnasium, or an envpool layout not known here)"
     return None
 
 

@@ -1,0 +1,62 @@
+"""Dict observations as one float32 vector, the way Sample Factory and CleanRL users meet DeepMind
+Control (`CheetahRun-v1`: position and velocity), MiniGrid (image, direction, mission) or Jumanji.
+
+The spec resolves the Dict once into its keys and their sizes (`dict_layout`); each split then copies
+its batch's arrays, key after key, into one [num_envs, size] buffer it owns (`DictFlattener`), so
+everything after the env (slots, recorders, networks) sees an ordinary vector observation. A Discrete
+entry is its value, not a one-hot: a step counter of 4,000 values would otherwise be 4,000 inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def dict_layout(space) -> tuple | None:
+    """((key, size), ...) for a Dict of Box, Discrete and MultiBinary entries, in the space's own order;
+    None for any other space. Raises ValueError naming an entry that cannot be flattened."""
+    import gymnasium as gym
+
+    if not isinstance(space, gym.spaces.Dict):
+        return None
+    layout = []
+    for key, entry in space.spaces.items():
+        if isinstance(entry, (gym.spaces.Box, gym.spaces.MultiBinary)):
+            layout.append((key, math.prod(entry.shape)))
+        elif isinstance(entry, gym.spaces.Discrete):
+            layout.append((key, 1))
+        else:
+            raise ValueError(f"its entry '{key}' is {entry}; only Box, Discrete and MultiBinary entries can be "
+                             "flattened into one vector")
+    if not layout:
+        raise ValueError("it has no entries")
+    return tuple(layout)
+
+
+class DictFlattener:
+    """A batch of Dict observations ({key: [num_envs, ...]}) -> one [num_envs, size] float32 array.
+
+    The array is this object's and is rewritten by the next call: the recorders copy a step's
+    observation into its slot before the split's next `recv`, which is all the envs promise anyway."""
+
+    def __init__(self, layout: tuple, num_envs: int):
+        self.num_envs = num_envs
+        self.keys = [key for key, _ in layout]
+        self.columns = []
+        start = 0
+        for _, size in layout:
+            self.columns.append((start, start + size))
+            start += size
+        self.out = np.empty((num_envs, start), dtype=np.float32)
+
+    def __call__(self, obs) -> np.ndarray:
+        """From a mapping of key to batch (envpool's and gymnasium's public API)."""
+        return self.gather([obs[key] for key in self.keys], range(len(self.keys)))
+
+    def gather(self, arrays, positions) -> np.ndarray:
+        """From a sequence holding the entries' batches at `positions`, in key order (envpool's `_recv`)."""
+        for (start, stop), i in zip(self.columns, positions):
+            self.out[:, start:stop] = np.asarray(arrays[i]).reshape(self.num_envs, stop - start)
+        return self.out

@@ -23,11 +23,19 @@ def test_a_dict_of_boxes_discretes_and_binaries_is_laid_out_in_its_own_order():
     assert dict_layout(gym.spaces.Box(0, 1, (3,))) is None
 
 
-@pytest.mark.parametrize("entry", [gym.spaces.Text(8), gym.spaces.Tuple([gym.spaces.Discrete(2)]),
-                                   gym.spaces.Dict({"inner": gym.spaces.Discrete(2)})])
+def test_a_nested_dict_is_laid_out_by_dotted_names_as_envpool_names_its_outputs():
+    space = gym.spaces.Dict({"agent": gym.spaces.Dict({"row": gym.spaces.Discrete(10), "col": gym.spaces.Discrete(10)}),
+                             "walls": gym.spaces.MultiBinary((3, 3))})
+    layout = dict_layout(space)
+    assert layout == (("agent.col", 1), ("agent.row", 1), ("walls", 9))
+    obs = {"walls": np.ones((2, 3, 3), np.int8), "agent": {"row": np.array([1, 2]), "col": np.array([3, 4])}}
+    np.testing.assert_array_equal(DictFlattener(layout, 2)(obs), [[3, 1] + [1] * 9, [4, 2] + [1] * 9])
+
+
+@pytest.mark.parametrize("entry", [gym.spaces.Text(8), gym.spaces.Tuple([gym.spaces.Discrete(2)])])
 def test_a_dict_entry_that_cannot_be_flattened_is_named(entry):
-    with pytest.raises(ValueError, match="its entry 'odd' is"):
-        dict_layout(gym.spaces.Dict({"fine": gym.spaces.Discrete(3), "odd": entry}))
+    with pytest.raises(ValueError, match="its entry 'inner.odd' is"):
+        dict_layout(gym.spaces.Dict({"fine": gym.spaces.Discrete(3), "inner": gym.spaces.Dict({"odd": entry})}))
 
 
 def test_the_flattener_puts_each_entry_in_its_columns_as_float32():
@@ -68,6 +76,25 @@ def test_deepmind_control_steps_as_its_dict_concatenated(direct):
     raw.recv()
     split.close()
     raw.close()
+
+
+def test_a_nested_envpool_dict_flattens_alike_through_both_calls():
+    """Jumanji's Maze: nested Dicts (agent_position.row, ...) whose outputs envpool names with dots."""
+    env_cfg = EnvConfig(id="Maze-v0")
+    spec = resolve_env(env_cfg)
+    assert spec.obs_dict[:2] == (("agent_position.row", 1), ("agent_position.col", 1)) and spec.obs_shape == (109,)
+    direct, public = (EnvpoolSplit(env_cfg, spec, 2, 1, seed=6, direct=d) for d in (True, False))
+    assert direct.direct and not public.direct
+    step_d, step_p = direct.reset(), public.reset()
+    rng = np.random.default_rng(2)
+    for t in range(30):
+        np.testing.assert_array_equal(step_d.obs, step_p.obs, err_msg=f"step {t}")
+        actions = rng.integers(0, spec.num_actions, 2).astype(np.int32)
+        direct.send(actions)
+        public.send(actions)
+        step_d, step_p = direct.recv(), public.recv()
+    direct.close()
+    public.close()
 
 
 def test_groups_of_one_shared_envpool_flatten_as_one_pool_per_group():
@@ -126,3 +153,10 @@ def test_what_cannot_be_flattened_is_refused_before_anything_starts():
         from fastrl.envs.spec import _spec_from_spaces
 
         _spec_from_spaces("Taxi-v3", "gymnasium", gym.spaces.Discrete(500), gym.spaces.Discrete(6), 1)
+
+
+def test_an_integer_box_of_actions_is_refused_before_anything_starts():
+    """Jumanji's Minesweeper acts with Box(0, 9, (2,), int32), a row and a column: before, it was taken for a
+    continuous action and every rollout worker died at its first step (a dtype mismatch, 3 restarts)."""
+    with pytest.raises(EnvError, match="is an integer Box, several discrete choices"):
+        resolve_env(EnvConfig(id="Minesweeper-v0"))

@@ -16,23 +16,42 @@ import numpy as np
 
 def dict_layout(space) -> tuple | None:
     """((key, size), ...) for a Dict of Box, Discrete and MultiBinary entries, in the space's own order;
-    None for any other space. Raises ValueError naming an entry that cannot be flattened."""
+    None for any other space. A nested Dict's entries are named with dots ("agent_position.row"), as
+    envpool names its outputs (Jumanji's Maze). Raises ValueError naming an entry that cannot be flattened."""
     import gymnasium as gym
 
     if not isinstance(space, gym.spaces.Dict):
         return None
     layout = []
-    for key, entry in space.spaces.items():
-        if isinstance(entry, (gym.spaces.Box, gym.spaces.MultiBinary)):
-            layout.append((key, math.prod(entry.shape)))
-        elif isinstance(entry, gym.spaces.Discrete):
-            layout.append((key, 1))
-        else:
-            raise ValueError(f"its entry '{key}' is {entry}; only Box, Discrete and MultiBinary entries can be "
-                             "flattened into one vector")
+
+    def add(prefix: str, entries: dict) -> None:
+        for key, entry in entries.items():
+            name = prefix + key
+            if isinstance(entry, gym.spaces.Dict):
+                add(name + ".", entry.spaces)
+            elif isinstance(entry, (gym.spaces.Box, gym.spaces.MultiBinary)):
+                layout.append((name, math.prod(entry.shape)))
+            elif isinstance(entry, gym.spaces.Discrete):
+                layout.append((name, 1))
+            else:
+                raise ValueError(f"its entry '{name}' is {entry}; only Box, Discrete and MultiBinary entries (in "
+                                 "Dicts) can be flattened into one vector")
+
+    add("", space.spaces)
     if not layout:
         raise ValueError("it has no entries")
     return tuple(layout)
+
+
+def _dotted(obs, prefix: str = "") -> dict:
+    """A (nested) mapping's leaves by their dotted names."""
+    leaves = {}
+    for key, value in obs.items():
+        if hasattr(value, "items"):
+            leaves.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            leaves[prefix + key] = value
+    return leaves
 
 
 class DictFlattener:
@@ -44,6 +63,7 @@ class DictFlattener:
     def __init__(self, layout: tuple, num_envs: int):
         self.num_envs = num_envs
         self.keys = [key for key, _ in layout]
+        self.nested = any("." in key for key in self.keys)
         self.columns = []
         start = 0
         for _, size in layout:
@@ -52,8 +72,9 @@ class DictFlattener:
         self.out = np.empty((num_envs, start), dtype=np.float32)
 
     def __call__(self, obs) -> np.ndarray:
-        """From a mapping of key to batch (envpool's and gymnasium's public API)."""
-        return self.gather([obs[key] for key in self.keys], range(len(self.keys)))
+        """From a mapping of key to batch, nested for a nested Dict (envpool's and gymnasium's public API)."""
+        leaves = _dotted(obs) if self.nested else obs
+        return self.gather([leaves[key] for key in self.keys], range(len(self.keys)))
 
     def gather(self, arrays, positions) -> np.ndarray:
         """From a sequence holding the entries' batches at `positions`, in key order (envpool's `_recv`)."""

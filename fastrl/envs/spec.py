@@ -96,6 +96,10 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
                   obs_dict=obs_dict or ())
     if isinstance(act_space, gym.spaces.Discrete):
         return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, int(act_space.n), **layout)
+    if isinstance(act_space, gym.spaces.Box) and not np.issubdtype(act_space.dtype, np.floating):
+        # Jumanji's Connector or Minesweeper: several discrete choices (a MultiDiscrete), not a continuous action
+        raise EnvError(f"{env_id}: action space {act_space} is an integer Box, several discrete choices at once; "
+                       "fastrl's policies choose one Discrete action or a float Box")
     if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
         return EnvSpec(env_id, backend, obs_shape, obs_dtype, False, int(act_space.shape[0]),
                        tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high), **layout)

@@ -76,7 +76,8 @@ def test_tune_writes_overlay_table_and_chart(tmp_path):
     out = tmp_path / "tune"
     # The tuner keeps 3 trials' time in hand before it starts another. On CI's cold first start one
     # 2 s trial took over 50/3 s, so a 50 s budget ended after the preset alone (stop 13's CI).
-    run = RunProcess("--config", CARTPOLE, "--budget-s", "80", "--trial-s", "2", "--out", str(out), command="tune")
+    run = RunProcess("--config", CARTPOLE, "--set", "run.seed=7", "--budget-s", "80", "--trial-s", "2",
+                     "--out", str(out), command="tune")
     assert run.wait(240) == 0, run.output
     assert "rank" in run.output and "best:" in run.output
     results = json.loads((out / "tune_results.json").read_text())
@@ -89,6 +90,8 @@ def test_tune_writes_overlay_table_and_chart(tmp_path):
         section, name = key.split(".")
         assert getattr(getattr(cfg, section), name) == value
     assert cfg.algo.lr == load_config(CARTPOLE).algo.lr
+    # what the trials ran with beyond the preset: before, the overlay dropped the search's --set (env.id=...)
+    assert cfg.run.seed == 7
     assert (out / "tune_chart.png").read_bytes()[:4] == b"\x89PNG"
     assert run.leftover_children() == [] and run.leftover_segments() == []
 

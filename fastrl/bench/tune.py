@@ -25,7 +25,7 @@ from fastrl.host import available_cores
 from fastrl.bench.report import Progress
 from fastrl.bench.system import bench_system
 from fastrl.config.checks import check_config
-from fastrl.config.loader import set_value
+from fastrl.config.loader import parse_override, set_value
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
 
@@ -243,17 +243,26 @@ class Tuner:
         return "\n".join(lines)
 
     def _write_overlay(self, best: Trial, base: Trial) -> Path:
+        # The search's own --set overrides go in too (env.id, say): every trial ran with them, and without
+        # them the preset plus this file would train something that was never measured
+        settings = dict(parse_override(text) for text in self.overrides)
+        settings.update(best.changes)
         nested: dict = {}
-        for key, value in best.changes.items():
-            section, name = key.split(".")
+        for key, value in settings.items():
+            section, name = key.split(".", 1)
             nested.setdefault(section, {})[name] = value
         head = [f"# fastrl tune overlay for {' + '.join(map(str, self.config_paths)) or 'the defaults'} "
                 f"on {self.cores} cores: {best.rate:,.0f} vs {base.rate:,.0f} env steps/s (medians, same run).",
                 "# Layer it on the preset: fastrl train --config <preset> --config <this file>"]
+        if self.overrides:
+            head.append(f"# It holds the search's --set overrides ({', '.join(self.overrides)}) and, over them, "
+                        "what the search changed.")
         if best.changes_algorithm:
             head.append(f"# NOTE: algo.batch_size changed from {self.cfg.algo.batch_size} to "
                         f"{best.changes['algo.batch_size']}: each update sees a different amount of data.")
-        body = yaml.safe_dump(nested, sort_keys=True) if nested else "{}  # the preset was already the fastest\n"
+        if not best.changes:
+            head.append("# The preset was already the fastest.")
+        body = yaml.safe_dump(nested, sort_keys=True) if nested else "{}\n"
         path = self.out_dir / "best_overlay.yaml"
         path.write_text("\n".join(head) + "\n" + body)
         return path

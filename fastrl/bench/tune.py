@@ -255,8 +255,8 @@ class Tuner:
                 f"on {self.cores} cores: {best.rate:,.0f} vs {base.rate:,.0f} env steps/s (medians, same run).",
                 "# Layer it on the preset: fastrl train --config <preset> --config <this file>"]
         if self.overrides:
-            head.append(f"# It holds the search's --set overrides ({', '.join(self.overrides)}) and, over them, "
-                        "what the search changed.")
+            given = ", ".join(" ".join(text.split()) for text in self.overrides)  # one comment line whatever was typed
+            head.append(f"# It holds the search's --set overrides ({given}) and, over them, what the search changed.")
         if best.changes_algorithm:
             head.append(f"# NOTE: algo.batch_size changed from {self.cfg.algo.batch_size} to "
                         f"{best.changes['algo.batch_size']}: each update sees a different amount of data.")

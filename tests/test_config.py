@@ -63,7 +63,7 @@ def run_cli(capsys, *args, tmp_path):
     (["--set", "env.id=NoSuchGame-v9"], "unknown env id 'NoSuchGame-v9'"),
     (["--set", "env.kwargs={no_such_arg: 1}"], "could not make env"),
     (["--set", "env.id=no_such_module:Env-v0"], "cannot import module 'no_such_module'"),
-    (["--set", "model.encoder=nature_cnn"], "model.encoder=nature_cnn needs image observations at least 36x36"),
+    (["--set", "model.encoder=nature_cnn"], "model.encoder=nature_cnn needs image observations of at least 36x36"),
 ])
 def test_bad_input_exits_2_naming_the_problem(capsys, tmp_path, args, expected):
     code, err = run_cli(capsys, "--config", str(ROOT / "configs/cartpole.yaml"), *args, tmp_path=tmp_path)

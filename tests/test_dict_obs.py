@@ -11,6 +11,7 @@ from fastrl.config.schema import EnvConfig, SamplerConfig
 from fastrl.envs import EnvError, resolve_env
 from fastrl.envs.envpool_loader import load_envpool
 from fastrl.envs.flatten import DictFlattener, dict_layout
+from fastrl.envs.spec import _spec_from_spaces
 from fastrl.envs.vector import EnvpoolSplit, GymnasiumSplit, make_groups
 
 
@@ -130,8 +131,7 @@ def test_groups_of_one_shared_envpool_flatten_as_one_pool_per_group():
         env.close()
 
 
-def test_a_gymnasium_dict_env_is_flattened_too(monkeypatch):
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+def test_a_gymnasium_dict_env_is_flattened_too():
     env_cfg = EnvConfig(id="custom_env:FastrlTestDictChain-v0")
     spec = resolve_env(env_cfg)
     assert spec.backend == "gymnasium" and spec.obs_shape == (9,)
@@ -145,13 +145,9 @@ def test_a_gymnasium_dict_env_is_flattened_too(monkeypatch):
 
 def test_what_cannot_be_flattened_is_refused_before_anything_starts():
     with pytest.raises(EnvError, match="cannot be used: its entry"):
-        from fastrl.envs.spec import _spec_from_spaces
-
         _spec_from_spaces("Odd-v0", "gymnasium", gym.spaces.Dict({"t": gym.spaces.Tuple([gym.spaces.Discrete(2)])}),
                           gym.spaces.Discrete(2), 1)
     with pytest.raises(EnvError, match="neither a Box nor a Dict"):
-        from fastrl.envs.spec import _spec_from_spaces
-
         _spec_from_spaces("Taxi-v3", "gymnasium", gym.spaces.Discrete(500), gym.spaces.Discrete(6), 1)
 
 

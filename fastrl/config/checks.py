@@ -38,7 +38,7 @@ def encoder_problem(model_cfg, spec) -> str | None:
     """Why model.encoder cannot take this env's observations, or None."""
     if model_cfg.encoder == "nature_cnn" and not nature_cnn_fits(spec):
         what = f"images of {spec.obs_shape}" if spec.is_image else f"observations of shape {spec.obs_shape}"
-        return (f"model.encoder=nature_cnn needs image observations at least {NATURE_CNN_MIN_SIDE}x"
+        return (f"model.encoder=nature_cnn needs image observations of at least {NATURE_CNN_MIN_SIDE}x"
                 f"{NATURE_CNN_MIN_SIDE}; {spec.env_id} has {what} (use auto or mlp)")
     return None
 

@@ -81,3 +81,8 @@ class DictFlattener:
         for (start, stop), i in zip(self.columns, positions):
             self.out[:, start:stop] = np.asarray(arrays[i]).reshape(self.num_envs, stop - start)
         return self.out
+
+
+def flattener_for(obs_dict: tuple, num_envs: int) -> DictFlattener | None:
+    """A split's flattener for EnvSpec.obs_dict, or None for an observation that is one array already."""
+    return DictFlattener(obs_dict, num_envs) if obs_dict else None

@@ -15,7 +15,7 @@ import numpy as np
 
 from fastrl.config.schema import EnvConfig, SamplerConfig
 from fastrl.envs.spec import EnvSpec, gymnasium_with_fastrl_envs
-from fastrl.envs.flatten import DictFlattener
+from fastrl.envs.flatten import DictFlattener, flattener_for
 
 
 @dataclass
@@ -149,7 +149,7 @@ class EnvpoolSplit:
                                                    batch_size=num_envs, num_threads=num_threads, seed=seed,
                                                    **env_cfg.kwargs)
         self._ids = np.arange(num_envs, dtype=np.int32)
-        self._flatten = DictFlattener(spec.obs_dict, num_envs) if spec.obs_dict else None
+        self._flatten = flattener_for(spec.obs_dict, num_envs)
         self._direct = _direct_calls(self._env, self._ids, self._flatten, direct)
 
     @property
@@ -224,7 +224,7 @@ class PooledGroup(EnvpoolSplit):
         self._env = pool.env
         self.first_id = group * num_envs
         self._ids = np.arange(self.first_id, self.first_id + num_envs, dtype=np.int32)
-        self._flatten = DictFlattener(pool.spec.obs_dict, num_envs) if pool.spec.obs_dict else None
+        self._flatten = flattener_for(pool.spec.obs_dict, num_envs)
         self._direct = _direct_calls(pool.env, self._ids, self._flatten, direct)
         if self._direct is not None:
             # fastrl_ext._rollout calls this through raw_calls, so the ids are checked and made local there too
@@ -275,11 +275,12 @@ class GymnasiumSplit:
         self._env = gym.vector.SyncVectorEnv([lambda: gym.make(spec.env_id, **env_cfg.kwargs)] * num_envs,
                                              autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
         self._actions = None
-        self._flatten = DictFlattener(spec.obs_dict, num_envs) if spec.obs_dict else (lambda obs: obs)
+        self._flatten = flattener_for(spec.obs_dict, num_envs)
 
     def reset(self) -> Step:
         obs, _ = self._env.reset(seed=self._seed)
-        obs = self._flatten(obs)
+        if self._flatten is not None:
+            obs = self._flatten(obs)
         zeros = np.zeros(self.num_envs, dtype=np.float32)
         no = np.zeros(self.num_envs, dtype=bool)
         return Step(obs, zeros, no, no, zeros, no)
@@ -289,7 +290,8 @@ class GymnasiumSplit:
 
     def recv(self) -> Step:
         obs, reward, terminated, truncated, _ = self._env.step(self._actions)
-        obs = self._flatten(obs)
+        if self._flatten is not None:
+            obs = self._flatten(obs)
         reward = np.asarray(reward, dtype=np.float32)
         return Step(obs, reward, terminated, truncated, reward, terminated | truncated)
 

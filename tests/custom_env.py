@@ -1,6 +1,6 @@
 """User-registered gymnasium envs that envpool does not have: a chain to walk right along to the goal
-(observed as an array or as a Dict), and images in gymnasium's [H, W, C] order whose colour names the
-rewarded action."""
+(observed as an array or as a Dict), images in gymnasium's [H, W, C] order whose colour names the
+rewarded action, and a pair of targets to name with one action of two choices."""
 
 import gymnasium as gym
 import numpy as np
@@ -34,7 +34,20 @@ class ChainEnv(gym.Env):
 gym.register("FastrlTestChain-v0", entry_point=ChainEnv)
 
 
-class ColourEnv(gym.Env):
+class TwentyStepsEnv(gym.Env):
+    """Twenty steps an episode, each showing a fresh observation (`_obs`) to be named by the action."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._obs(), {}
+
+    def _step(self, reward: float):
+        self.steps += 1
+        return self._obs(), reward, False, self.steps >= 20, {}
+
+
+class ColourEnv(TwentyStepsEnv):
     """[H, W, 3] uint8 images, gymnasium's order: each step shows a red or a blue field, and the action
     that names its colour (0 red, 1 blue) earns 1. Twenty steps an episode: a policy that reads the
     image earns 20, one that guesses ~10."""
@@ -53,15 +66,8 @@ class ColourEnv(gym.Env):
         obs[..., 0 if self.colour == 0 else 2] = 200
         return obs
 
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.steps = 0
-        return self._obs(), {}
-
     def step(self, action):
-        reward = float(int(action) == self.colour)
-        self.steps += 1
-        return self._obs(), reward, False, self.steps >= 20, {}
+        return self._step(float(int(action) == self.colour))
 
 
 gym.register("FastrlTestColours-v0", entry_point=ColourEnv)
@@ -81,3 +87,30 @@ class DictChainEnv(ChainEnv):
 
 
 gym.register("FastrlTestDictChain-v0", entry_point=DictChainEnv)
+
+
+class TwoChoicesEnv(TwentyStepsEnv):
+    """Each step shows two targets, one-hot: a shape of 3 and a colour of 4. The action names both at once,
+    a MultiDiscrete whose first choice counts from 1 (gymnasium's `start`), and earns 0.5 per choice named
+    right. Twenty steps an episode: a policy that reads both earns 20, one that guesses ~5.8, one that reads
+    only one choice ~12.5. An action outside the space (a choice not offset by its start) raises."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (7,), np.float32)
+        self.action_space = gym.spaces.MultiDiscrete([3, 4], start=[1, 0])
+        self.targets = (1, 0)
+        self.steps = 0
+
+    def _obs(self):
+        self.targets = (1 + int(self.np_random.integers(3)), int(self.np_random.integers(4)))
+        obs = np.zeros(7, dtype=np.float32)
+        obs[self.targets[0] - 1] = obs[3 + self.targets[1]] = 1.0
+        return obs
+
+    def step(self, action):
+        if not self.action_space.contains(np.asarray(action, dtype=np.int64)):
+            raise ValueError(f"action {action} is outside {self.action_space}")
+        return self._step(0.5 * (int(action[0]) == self.targets[0]) + 0.5 * (int(action[1]) == self.targets[1]))
+
+
+gym.register("FastrlTestTwoChoices-v0", entry_point=TwoChoicesEnv)

@@ -149,10 +149,3 @@ def test_what_cannot_be_flattened_is_refused_before_anything_starts():
                           gym.spaces.Discrete(2), 1)
     with pytest.raises(EnvError, match="neither a Box nor a Dict"):
         _spec_from_spaces("Taxi-v3", "gymnasium", gym.spaces.Discrete(500), gym.spaces.Discrete(6), 1)
-
-
-def test_an_integer_box_of_actions_is_refused_before_anything_starts():
-    """Jumanji's Minesweeper acts with Box(0, 9, (2,), int32), a row and a column: before, it was taken for a
-    continuous action and every rollout worker died at its first step (a dtype mismatch, 3 restarts)."""
-    with pytest.raises(EnvError, match="is an integer Box, several discrete choices"):
-        resolve_env(EnvConfig(id="Minesweeper-v0"))

@@ -151,6 +151,24 @@ def test_a_gymnasium_env_of_hwc_images_learns_and_its_eval_draws_them_in_colour(
     assert_clean(run)
 
 
+@pytest.mark.parametrize("acting", ["rollout", "inference"])
+def test_an_action_of_two_discrete_choices_learns_and_evaluates(tmp_path, acting):
+    """A MultiDiscrete action (two choices, the first counted from 1): the policy must learn both (one read
+    right earns ~12.5 of 20, guessing ~5.8) whether the rollout workers act themselves or an inference
+    worker acts for them, and eval must send offset actions too (the env raises on one outside its space)."""
+    env = {"PYTHONPATH": str(ROOT / "tests")}
+    run = RunProcess("--config", CARTPOLE, "--set", "env.id=custom_env:FastrlTestTwoChoices-v0",
+                     "--set", f"sampler.num_inference_workers={int(acting == 'inference')}",
+                     "--set", "run.stop_at_mean_return=18", "--set", "run.train_for_env_steps=1000000",
+                     runs_dir=tmp_path, env=env)
+    assert run.wait(180) == 0, run.output
+    assert "mean return of the last 100 episodes reached 18" in run.output, run.output
+    evaluation = RunProcess(str(run.run_dir), "--episodes", "2", "--deterministic", command="eval", env=env)
+    assert evaluation.wait(120) == 0, evaluation.output
+    assert re.search(r"return (1[89]|20)\.\d\d ", evaluation.output), evaluation.output
+    assert_clean(run)
+
+
 def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
     """With one slot per batch the learner frees slots one at a time; each must not always go to
     worker 0 (it did: worker 1 then stopped after its first two slots for the whole run).

@@ -52,8 +52,11 @@ class ComponentResult:
 
 
 def random_actions(spec: EnvSpec, num_envs: int, rng: np.random.Generator) -> np.ndarray:
+    if spec.multi_discrete:
+        start = np.asarray(spec.action_low, np.int32)
+        return rng.integers(start, start + np.asarray(spec.action_nvec), size=(num_envs, len(start)), dtype=np.int32)
     if spec.discrete:
-        return rng.integers(0, spec.num_actions, size=num_envs, dtype=np.int32)
+        return rng.integers(0, spec.num_actions, size=num_envs, dtype=np.int32) + np.int32(spec.action_low or 0)
     low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
     return rng.uniform(low, high, size=(num_envs, spec.num_actions)).astype(np.float32)
 
@@ -220,7 +223,10 @@ def synthetic_batch(cfg: Config, spec: EnvSpec, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     T = cfg.sampler.rollout_len
     B = cfg.algo.batch_size // T
-    if spec.discrete:
+    if spec.multi_discrete:
+        actions = torch.stack([torch.randint(0, n, (T, B), dtype=torch.int32, generator=gen) for n in spec.action_nvec],
+                              dim=-1)
+    elif spec.discrete:
         actions = torch.randint(0, spec.num_actions, (T, B), dtype=torch.int32, generator=gen)
     else:
         actions = torch.randn((T, B, spec.num_actions), generator=gen)

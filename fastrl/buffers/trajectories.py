@@ -21,7 +21,8 @@ from fastrl.envs.spec import EnvSpec
 @dataclass
 class TrajBuffers:
     obs: ShmArray             # [N, T+1, E, *obs_shape]
-    actions: ShmArray         # [N, T, E] int32 (discrete) or [N, T, E, A] float32 (pre-clip Gaussian sample)
+    actions: ShmArray         # [N, T, E] int32 (discrete), [N, T, E, K] int32 (K choices: EnvSpec.action_nvec,
+                              # each counted from 0) or [N, T, E, A] float32 (pre-clip Gaussian sample)
     log_probs: ShmArray       # [N, T, E] behaviour log pi(a|x)
     values: ShmArray          # [N, T, E] behaviour value, for value clipping
     rewards: ShmArray         # [N, T, E]
@@ -33,7 +34,8 @@ class TrajBuffers:
     @staticmethod
     def allocate(alloc: ShmAllocator, spec: EnvSpec, num_slots: int, rollout_len: int, envs_per_split: int):
         n, t, e = num_slots, rollout_len, envs_per_split
-        act_shape = (n, t, e) if spec.discrete else (n, t, e, spec.num_actions)
+        act_shape = ((n, t, e, len(spec.action_nvec)) if spec.multi_discrete else (n, t, e) if spec.discrete
+                     else (n, t, e, spec.num_actions))
         return TrajBuffers(
             obs=alloc.array("obs", (n, t + 1, e, *spec.obs_shape), spec.obs_dtype),
             actions=alloc.array("actions", act_shape, np.int32 if spec.discrete else np.float32),

@@ -28,13 +28,21 @@ class EnvSpec:
     backend: str                 # "envpool" or "gymnasium"
     obs_shape: tuple
     obs_dtype: np.dtype          # dtype stored in the trajectory buffers (float64 becomes float32)
-    discrete: bool
-    num_actions: int             # discrete: number of actions; continuous: action dimension
-    action_low: tuple = ()
+    discrete: bool               # categorical actions: one Discrete, or several choices at once (action_nvec)
+    num_actions: int             # discrete: number of actions (all choices' together); continuous: action dimension
+    action_low: tuple = ()       # continuous: the Box's bounds; several choices: each one's first action (its start)
     action_high: tuple = ()
     frames_per_env_step: int = 1  # Atari frameskip: frames = env steps * this
     obs_channels_last: bool = False  # an image stored [H, W, C] (gymnasium's habit), not [C, H, W] (envpool Atari's)
     obs_dict: tuple = ()  # a Dict observation's ((key, size), ...), flattened in that order (fastrl.envs.flatten)
+    # several discrete choices in one action (a MultiDiscrete, MultiBinary or integer Box: Jumanji's Minesweeper
+    # picks a row and a column): each choice's number of options. The policy draws one categorical per choice
+    # from its slice of the num_actions logits; an action is then [len(action_nvec)] int32, offset by action_low.
+    action_nvec: tuple = ()
+
+    @property
+    def multi_discrete(self) -> bool:
+        return bool(self.action_nvec)
 
     @property
     def is_image(self) -> bool:
@@ -95,15 +103,41 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
     layout = dict(frames_per_env_step=frames_per_env_step, obs_channels_last=stores_channels_last(obs_shape),
                   obs_dict=obs_dict or ())
     if isinstance(act_space, gym.spaces.Discrete):
-        return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, int(act_space.n), **layout)
-    if isinstance(act_space, gym.spaces.Box) and not np.issubdtype(act_space.dtype, np.floating):
-        # Jumanji's Connector or Minesweeper: several discrete choices (a MultiDiscrete), not a continuous action
-        raise EnvError(f"{env_id}: action space {act_space} is an integer Box, several discrete choices at once; "
-                       "fastrl's policies choose one Discrete action or a float Box")
+        start = int(act_space.start)  # gymnasium's Discrete(n, start) acts in start .. start + n - 1
+        return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, int(act_space.n), (start,) if start else (),
+                       **layout)
+    choices = _discrete_choices(act_space)
+    if choices is not None:
+        if choices == "bad":
+            raise EnvError(f"{env_id}: action space {act_space} is not supported: several discrete choices need "
+                           "a 1-D space with at least 2 options per choice")
+        nvec, start = choices
+        return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, sum(nvec), start, (), action_nvec=nvec, **layout)
     if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
         return EnvSpec(env_id, backend, obs_shape, obs_dtype, False, int(act_space.shape[0]),
                        tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high), **layout)
-    raise EnvError(f"{env_id}: action space {act_space} is not supported (Discrete or 1-D Box)")
+    raise EnvError(f"{env_id}: action space {act_space} is not supported (Discrete, MultiDiscrete, MultiBinary, "
+                   "or a 1-D Box)")
+
+
+def _discrete_choices(act_space):
+    """(nvec, start) of an action space that makes several discrete choices at once (MultiDiscrete, MultiBinary,
+    or an integer Box, as Jumanji declares its Minesweeper's row and column); "bad" for one fastrl cannot act in
+    (not 1-D, or a choice of one option); None for any other space."""
+    import gymnasium as gym
+
+    if isinstance(act_space, gym.spaces.MultiDiscrete):
+        nvec, start = np.asarray(act_space.nvec), np.asarray(act_space.start)
+    elif isinstance(act_space, gym.spaces.MultiBinary):
+        nvec = np.full(act_space.shape, 2)
+        start = np.zeros_like(nvec)
+    elif isinstance(act_space, gym.spaces.Box) and not np.issubdtype(act_space.dtype, np.floating):
+        nvec, start = act_space.high.astype(np.int64) - act_space.low + 1, act_space.low.astype(np.int64)
+    else:
+        return None
+    if nvec.ndim != 1 or nvec.size == 0 or (nvec < 2).any():
+        return "bad"
+    return tuple(int(n) for n in nvec), tuple(int(s) for s in start)
 
 
 def resolve_env(env_cfg: EnvConfig) -> EnvSpec:

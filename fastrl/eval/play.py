@@ -81,9 +81,11 @@ def play(run_dir: Path, checkpoint: Path | None = None, episodes: int = 10, dete
             params, _ = model(torch.from_numpy(np.asarray(obs)))
             actions = model.mode(params) if deterministic else model.sample(params)[0]
             actions = actions.numpy()
-            if not spec.discrete:
+            if spec.discrete:
+                actions = actions.astype(np.int32) + np.asarray(spec.action_low or 0, dtype=np.int32)
+            else:
                 actions = np.clip(actions, spec.action_low, spec.action_high).astype(np.float32)
-            env.send(actions.astype(np.int32) if spec.discrete else actions)
+            env.send(actions)
             step = env.recv()
             obs = step.obs
             score += np.where(done, 0.0, step.score)

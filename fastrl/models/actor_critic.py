@@ -69,6 +69,8 @@ class ActorCritic(nn.Module):
     def __init__(self, spec: EnvSpec, cfg: ModelConfig):
         super().__init__()
         self.discrete = spec.discrete
+        # several discrete choices: one categorical per choice over its slice of the logits (EnvSpec.action_nvec)
+        self.action_nvec = tuple(spec.action_nvec) or None
         encoder = resolve_encoder(cfg, spec)
         self.normalizer = ObsNormalizer(spec.obs_shape) if cfg.normalize_obs else None
 
@@ -157,8 +159,18 @@ class ActorCritic(nn.Module):
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 module.to(torch.bfloat16)
 
-    # --- distribution helpers: plain formulas, cheaper than torch.distributions on the hot path
+    # --- distribution helpers: plain formulas, cheaper than torch.distributions on the hot path.
+    # Several discrete choices are independent categoricals, one per slice of the logits: their log-probs
+    # and entropies add up.
+    def _choices(self, params: torch.Tensor) -> list[torch.Tensor]:
+        return [torch.log_softmax(p, dim=-1) for p in params.split(self.action_nvec, dim=-1)]
+
     def sample(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.action_nvec is not None:
+            choices = self._choices(params)
+            actions = torch.stack([torch.multinomial(log_p.reshape(-1, log_p.shape[-1]).exp(), 1).reshape(
+                log_p.shape[:-1]) for log_p in choices], dim=-1)
+            return actions, self._choices_log_prob(choices, actions)
         if self.discrete:
             log_p = torch.log_softmax(params, dim=-1)
             actions = torch.multinomial(log_p.exp(), 1).squeeze(-1)
@@ -169,15 +181,27 @@ class ActorCritic(nn.Module):
 
     def mode(self, params: torch.Tensor) -> torch.Tensor:
         """The most likely action (deterministic evaluation)."""
+        if self.action_nvec is not None:
+            return torch.stack([p.argmax(-1) for p in params.split(self.action_nvec, dim=-1)], dim=-1)
         return params.argmax(-1) if self.discrete else params
 
+    @staticmethod
+    def _choices_log_prob(choices: list[torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+        actions = actions.long()
+        return torch.stack([log_p.gather(-1, actions[..., i:i + 1]).squeeze(-1) for i, log_p in enumerate(choices)],
+                           dim=-1).sum(-1)
+
     def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        if self.action_nvec is not None:
+            return self._choices_log_prob(self._choices(params), actions)
         if self.discrete:
             return torch.log_softmax(params, dim=-1).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
         z = (actions - params) / self.log_std.exp()
         return (-0.5 * z ** 2 - self.log_std - LOG_SQRT_2PI).sum(-1)
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        if self.action_nvec is not None:
+            return torch.stack([-(log_p.exp() * log_p).sum(-1) for log_p in self._choices(params)], dim=-1).sum(-1)
         if self.discrete:
             log_p = torch.log_softmax(params, dim=-1)
             return -(log_p.exp() * log_p).sum(-1)

@@ -35,6 +35,8 @@ def unsupported_reason(cfg, spec) -> str | None:
         return f"model.encoder resolves to {encoder}; only MLP encoders act in numpy"
     if resolve_precision(m.precision, cfg.system.device) != "fp32":
         return "model.precision resolves to bf16; numpy acts in fp32 only"
+    if spec.multi_discrete:
+        return "several discrete choices per action are drawn in torch"
     if cfg.system.device != "cpu":
         return f"system.device={cfg.system.device}; numpy acts on the CPU"
     return None

@@ -31,9 +31,9 @@ PACK_AFTER_FORWARDS = 3
 
 
 def native_categorical_draw(cfg, spec):
-    """fastrl_ext's `sample_categorical` where a torch policy's actions can be drawn by it (categorical,
+    """fastrl_ext's `sample_categorical` where a torch policy's actions can be drawn by it (one categorical,
     on the CPU, system.native_acting, the extension built), else None: torch's sample draws them."""
-    if not (spec.discrete and cfg.system.device == "cpu" and cfg.system.native_acting):
+    if not (spec.discrete and not spec.multi_discrete and cfg.system.device == "cpu" and cfg.system.native_acting):
         return None
     import fastrl_ext
 

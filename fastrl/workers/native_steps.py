@@ -41,6 +41,8 @@ def unavailable_reason(worker) -> str | None:
         return "the worker does not act with the native kernel"
     if not isinstance(worker.recorder, NativeRecorder):
         return "the worker does not record natively"
+    if worker.action_start is not None:
+        return "the env's discrete actions do not start at 0"
     if worker.obs.dtype != np.float32:
         return "observations are not float32"
     if getattr(worker.envs[0], "raw_calls", lambda: None)() is None:

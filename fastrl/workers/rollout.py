@@ -74,6 +74,9 @@ class RolloutWorker:
         spec = ctx.spec
         self.action_low = None if spec.discrete else np.asarray(spec.action_low, dtype=np.float32)
         self.action_high = None if spec.discrete else np.asarray(spec.action_high, dtype=np.float32)
+        # discrete actions are drawn counted from 0; an env whose choices start elsewhere gets them offset
+        self.action_start = (np.asarray(spec.action_low, dtype=np.int32) if spec.discrete and any(spec.action_low)
+                             else None)
         # a replacement worker gets fresh env seeds, so it does not replay its predecessor's episodes
         total_envs = cfg.sampler.num_rollout_workers * cfg.sampler.num_envs_per_worker
         self.first_env = (cfg.run.seed * 1_000_003 + self.generation * total_envs
@@ -230,6 +233,8 @@ class RolloutWorker:
         actions = self.actions[self.slot[split], self.t[split]]
         if self.action_low is not None:
             actions = np.clip(actions, self.action_low, self.action_high)
+        elif self.action_start is not None:
+            actions = actions + self.action_start
         self.envs[split].send(actions)
 
     def _record(self, split: int) -> None:

@@ -2,13 +2,15 @@
 most user envs). The layout is read off the spec once; the Nature CNN turns [H, W, C] into a view the
 convs index as [C, H, W]. Before, an [H, W, C] image built a CNN with H input channels and failed."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from fastrl.config.checks import encoder_problem, resolve_encoder
 from fastrl.config.schema import ModelConfig
-from fastrl.envs.spec import EnvSpec, stores_channels_last
+from fastrl.envs.spec import EnvSpec, _spec_from_spaces, stores_channels_last
+from fastrl.eval.play import picture_of
 from fastrl.eval.video import observation_frame
 from fastrl.models import ActorCritic
 from fastrl.models.packed_cnn import packed_forward
@@ -88,3 +90,44 @@ def test_a_gif_frame_is_the_colour_image_or_the_newest_frame_of_a_stack():
     stack_chw = np.stack([np.full((4, 6), k, np.uint8) for k in range(4)])
     assert observation_frame(stack_chw, scale=3).shape == (12, 18)
     assert (observation_frame(stack_chw, scale=3) == 3).all()
+
+
+@pytest.mark.parametrize("space, scale", [
+    (gym.spaces.Box(0, 255, (40, 40, 3), np.uint8), 1 / 255),      # frames: as before
+    (gym.spaces.Box(0.0, 1.0, (40, 40, 3), np.float32), 1.0),      # a float image already in [0, 1]
+    (gym.spaces.Box(0.0, 255.0, (3, 40, 40), np.float32), 1 / 255),
+    (gym.spaces.Box(-1, 8, (40, 40, 2), np.int32), 1 / 8),         # Minesweeper-like boards
+    (gym.spaces.Box(-np.inf, np.inf, (40, 40, 3), np.float32), 1.0),
+], ids=["uint8", "float01", "float255", "int", "unbounded"])
+def test_an_images_scale_comes_from_its_box(space, scale):
+    spec = _spec_from_spaces("Images-v0", "gymnasium", space, gym.spaces.Discrete(2), 1)
+    assert spec.image_scale == pytest.approx(scale)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["eager", "packed"])
+def test_a_float_image_in_0_1_reaches_the_convs_as_the_same_frame_in_uint8_does(packed):
+    """Before, every image was divided by 255: a float image in [0, 1] reached the convs as at most 0.004,
+    ~255 times weaker than the same picture as uint8 frames, and the policy barely moved."""
+    frames = _image_spec((40, 36, 3), True)
+    floats = _spec_from_spaces("Floats-v0", "gymnasium", gym.spaces.Box(0.0, 1.0, (40, 36, 3), np.float32),
+                               gym.spaces.Discrete(3), 1)
+    as_frames = ActorCritic(frames, ModelConfig(**CNN, precision="fp32")).for_inference()
+    as_floats = ActorCritic(floats, ModelConfig(**CNN, precision="fp32")).for_inference()
+    as_floats.load_state_dict(as_frames.state_dict())
+    images = torch.randint(0, 256, (8, 40, 36, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    nets = (as_frames, as_floats)
+    if packed:
+        nets = tuple(packed_forward(net, (40, 36, 3), 8) for net in nets)
+        if None in nets:
+            pytest.skip("this torch has no oneDNN packed ops; the eager network acts")
+    with torch.inference_mode():
+        want, got = nets[0](images), nets[1](images.float() / 255)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_eval_draws_a_float_image_as_the_cnn_reads_it():
+    spec = _spec_from_spaces("Floats-v0", "gymnasium", gym.spaces.Box(0.0, 1.0, (2, 2, 3), np.float32),
+                             gym.spaces.Discrete(3), 1)
+    picture = picture_of(np.array([[[0.0, 0.5, 1.0]] * 2] * 2, np.float32), spec)
+    assert picture.dtype == np.uint8 and picture[0, 0].tolist() == [0, 127, 255]

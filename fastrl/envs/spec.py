@@ -39,6 +39,9 @@ class EnvSpec:
     # picks a row and a column): each choice's number of options. The policy draws one categorical per choice
     # from its slice of the num_actions logits; an action is then [len(action_nvec)] int32, offset by action_low.
     action_nvec: tuple = ()
+    # what an image's values are multiplied by before the CNN: 1 / the largest magnitude its Box allows
+    # (1/255 for uint8 frames, 1 for a float image in [0, 1]; 1 when unbounded)
+    image_scale: float = 1.0 / 255.0
 
     @property
     def multi_discrete(self) -> bool:
@@ -102,6 +105,8 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
                        "fastrl supports array observations")
     layout = dict(frames_per_env_step=frames_per_env_step, obs_channels_last=stores_channels_last(obs_shape),
                   obs_dict=obs_dict or ())
+    if len(obs_shape) == 3:
+        layout["image_scale"] = _image_scale(obs_space)
     if isinstance(act_space, gym.spaces.Discrete):
         start = int(act_space.start)  # gymnasium's Discrete(n, start) acts in start .. start + n - 1
         return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, int(act_space.n), (start,) if start else (),
@@ -118,6 +123,13 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
                        tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high), **layout)
     raise EnvError(f"{env_id}: action space {act_space} is not supported (Discrete, MultiDiscrete, MultiBinary, "
                    "or a 1-D Box)")
+
+
+def _image_scale(obs_space) -> float:
+    """1 / the largest magnitude an image's Box allows: 1/255 for uint8 frames as before, 1 for a float image
+    already in [0, 1] (dividing it by 255 left the CNN inputs of at most 0.004), 1 for an unbounded one."""
+    bound = float(np.max(np.maximum(np.abs(obs_space.low), np.abs(obs_space.high))))
+    return 1.0 / bound if np.isfinite(bound) and bound > 0 else 1.0
 
 
 def _discrete_choices(act_space):

@@ -42,6 +42,14 @@ class EvalResult:
                 f"length {n.mean():.0f} ± {n.std():.0f}")
 
 
+def picture_of(obs: np.ndarray, spec) -> np.ndarray:
+    """An observation as the video's uint8 picture: a uint8 frame as it is, another image rescaled to
+    0-255 by the same scale the CNN reads it with (EnvSpec.image_scale)."""
+    if obs.dtype == np.uint8:
+        return obs.copy()
+    return np.clip(obs * (255.0 * spec.image_scale), 0, 255).astype(np.uint8)
+
+
 def load_policy(run_dir: Path, checkpoint: Path | None):
     config_path = run_dir / "config.json"
     if not config_path.exists():
@@ -77,7 +85,7 @@ def play(run_dir: Path, checkpoint: Path | None = None, episodes: int = 10, dete
     with torch.inference_mode():
         for _ in range(max_steps):
             if record and not done[0]:
-                result.frames.append(np.asarray(obs[0]).copy())
+                result.frames.append(picture_of(np.asarray(obs[0]), spec))
             params, _ = model(torch.from_numpy(np.asarray(obs)))
             actions = model.mode(params) if deterministic else model.sample(params)[0]
             actions = actions.numpy()

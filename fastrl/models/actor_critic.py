@@ -12,7 +12,7 @@ from fastrl.config.hardware import resolve_precision
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models.activations import Tanh
-from fastrl.models.frames import frames_to_input
+from fastrl.models.frames import UINT8_SCALE, frames_to_input
 from fastrl.models import native_mlp
 from fastrl.models.linear import WeightLeftLinear
 from fastrl.models.normalizer import ObsNormalizer
@@ -33,15 +33,17 @@ def _mlp(in_dim: int, hidden: list, activation: str) -> tuple[nn.Module, int]:
 
 
 class NatureCNN(nn.Module):
-    """Mnih et al. (2015): 3 conv layers and a 512-unit layer; uint8 frames scaled to [0, 1].
+    """Mnih et al. (2015): 3 conv layers and a 512-unit layer; frames scaled to [0, 1].
 
     `chw`: the image's (channels, height, width); `obs_channels_last`: the observations arrive
-    [N, H, W, C] (gymnasium's order) rather than [N, C, H, W] (envpool Atari's)."""
+    [N, H, W, C] (gymnasium's order) rather than [N, C, H, W] (envpool Atari's); `input_scale`: what
+    the frames are multiplied by (EnvSpec.image_scale: 1/255 for uint8)."""
 
-    def __init__(self, chw: tuple, out_dim: int = 512, obs_channels_last: bool = False):
+    def __init__(self, chw: tuple, out_dim: int = 512, obs_channels_last: bool = False,
+                 input_scale: float = UINT8_SCALE):
         super().__init__()
         c = chw[0]
-        self.obs_channels_last = obs_channels_last
+        self.obs_channels_last, self.input_scale = obs_channels_last, input_scale
         self.convs = nn.Sequential(
             nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
@@ -62,7 +64,8 @@ class NatureCNN(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         # the frames become the dtype and memory order the first conv wants, scaled, in one pass
         channels_last = self.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
-        return self.fc(self.convs(frames_to_input(self.as_nchw(obs), self.input_dtype, channels_last)))
+        return self.fc(self.convs(frames_to_input(self.as_nchw(obs), self.input_dtype, channels_last,
+                                                  self.input_scale)))
 
 
 class ActorCritic(nn.Module):
@@ -77,7 +80,7 @@ class ActorCritic(nn.Module):
         def make_encoder():
             if encoder == "nature_cnn":
                 width = cfg.hidden_sizes[0] if cfg.hidden_sizes else 512
-                return NatureCNN(spec.image_chw, width, spec.obs_channels_last), width
+                return NatureCNN(spec.image_chw, width, spec.obs_channels_last, spec.image_scale), width
             return _mlp(int(math.prod(spec.obs_shape)), cfg.hidden_sizes, cfg.activation)
 
         self.actor_encoder, feat = make_encoder()

@@ -1,4 +1,4 @@
-"""uint8 frames to the Nature CNN's input: the conv's dtype, scaled to [0, 1], in its memory order.
+"""Image frames to the Nature CNN's input: the conv's dtype, scaled to [0, 1], in its memory order.
 
 torch takes three passes (cast, relayout, scale), and its relayout to channels-last is slow: on the
 AVX-512 EPYC, per 84x84x4 frame at batches of 16-528, 58-87 µs to bf16 channels-last (the learner's
@@ -8,7 +8,7 @@ in one pass: 7-16 and 3-11 µs (`bench/frames_microbench.py`). It computes the p
 (the frame cast to float32 times float32(1/255), then one rounding to bf16), which `_native_agrees`
 checks for all 256 byte values the first time it would be used; torch's passes, below, are the
 reference and what runs for anything else (another dtype, a non-contiguous or non-CPU tensor, an
-unbuilt fastrl_ext).
+unbuilt fastrl_ext, or a scale other than uint8's 1/255: EnvSpec.image_scale).
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ from fastrl_ext import _frames as _native  # None when fastrl_ext is not built
 _agrees: bool | None = None  # whether the native pass matches torch's, checked once
 
 
-def frames_to_input_torch(obs: torch.Tensor, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+UINT8_SCALE = 1.0 / 255.0
+
+
+def frames_to_input_torch(obs: torch.Tensor, dtype: torch.dtype, channels_last: bool,
+                          scale: float = UINT8_SCALE) -> torch.Tensor:
     """The reference: cast, relayout, then scale in place (on a copy: never the caller's tensor)."""
     if channels_last and dtype == torch.bfloat16:
         # two steps beat one: torch's fused uint8 -> bf16 channels-last copy took 3.4 ms for 64 frames,
@@ -30,7 +34,7 @@ def frames_to_input_torch(obs: torch.Tensor, dtype: torch.dtype, channels_last: 
         x = obs.to(dtype=dtype, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     if x.data_ptr() == obs.data_ptr():
         x = x.clone()
-    return x.mul_(1.0 / 255.0)
+    return x.mul_(scale)
 
 
 def _native_into(obs: torch.Tensor, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
@@ -53,9 +57,11 @@ def _native_agrees() -> bool:
     return _agrees
 
 
-def frames_to_input(obs: torch.Tensor, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
-    """obs [N, C, H, W] (uint8 frames) as `dtype` in [0, 1], channels-last in memory if asked; a new tensor."""
-    if (_native is not None and obs.dtype == torch.uint8 and obs.dim() == 4 and obs.is_cpu and obs.is_contiguous()
+def frames_to_input(obs: torch.Tensor, dtype: torch.dtype, channels_last: bool,
+                    scale: float = UINT8_SCALE) -> torch.Tensor:
+    """obs [N, C, H, W] times `scale` (uint8 frames: 1/255) as `dtype`, channels-last in memory if asked;
+    a new tensor."""
+    if (_native is not None and obs.dtype == torch.uint8 and scale == UINT8_SCALE and obs.dim() == 4 and obs.is_cpu and obs.is_contiguous()
             and dtype in (torch.bfloat16, torch.float32) and _native_agrees()):
         return _native_into(obs, dtype, channels_last)
-    return frames_to_input_torch(obs, dtype, channels_last)
+    return frames_to_input_torch(obs, dtype, channels_last, scale)

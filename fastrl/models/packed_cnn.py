@@ -72,7 +72,7 @@ class PackedForward:
 
     def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.model
-        x = frames_to_input(m.actor_encoder.as_nchw(obs), self.input_dtype, True)
+        x = frames_to_input(m.actor_encoder.as_nchw(obs), self.input_dtype, True, m.actor_encoder.input_scale)
         h = self.actor(x)
         h_v = h if self.critic is None else self.critic(x)
         # the heads' weights share the layers' dtype (bf16 in a bf16 network), as under autocast

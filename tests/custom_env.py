@@ -1,6 +1,7 @@
 """User-registered gymnasium envs that envpool does not have: a chain to walk right along to the goal
 (observed as an array or as a Dict), images in gymnasium's [H, W, C] order whose colour names the
-rewarded action, and a pair of targets to name with one action of two choices."""
+rewarded action, a pair of targets to name with one action of two choices, and actions an observed mask
+forbids."""
 
 import gymnasium as gym
 import numpy as np
@@ -114,3 +115,29 @@ class TwoChoicesEnv(TwentyStepsEnv):
 
 
 gym.register("FastrlTestTwoChoices-v0", entry_point=TwoChoicesEnv)
+
+
+class MaskedEnv(TwentyStepsEnv):
+    """A Dict observation carrying an "action_mask" (Jumanji's convention: 1 = allowed): each step allows a
+    random two of four actions, rewards the higher allowed one with 1, and raises on a forbidden action, so
+    a policy that ignored the mask would kill its rollout worker at once."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict({"action_mask": gym.spaces.MultiBinary(4),
+                                                  "bias": gym.spaces.Box(0.0, 1.0, (1,), np.float32)})
+        self.action_space = gym.spaces.Discrete(4)
+        self.allowed = np.ones(4, dtype=np.int8)
+        self.steps = 0
+
+    def _obs(self):
+        self.allowed = np.zeros(4, dtype=np.int8)
+        self.allowed[self.np_random.choice(4, 2, replace=False)] = 1
+        return {"action_mask": self.allowed.copy(), "bias": np.ones(1, np.float32)}
+
+    def step(self, action):
+        if not self.allowed[int(action)]:
+            raise ValueError(f"action {action} is forbidden by the mask {self.allowed}")
+        return self._step(float(int(action) == int(np.flatnonzero(self.allowed)[-1])))
+
+
+gym.register("FastrlTestMasked-v0", entry_point=MaskedEnv)

@@ -152,17 +152,22 @@ def test_a_gymnasium_env_of_hwc_images_learns_and_its_eval_draws_them_in_colour(
 
 
 @pytest.mark.parametrize("acting", ["rollout", "inference"])
-def test_an_action_of_two_discrete_choices_learns_and_evaluates(tmp_path, acting):
-    """A MultiDiscrete action (two choices, the first counted from 1): the policy must learn both (one read
-    right earns ~12.5 of 20, guessing ~5.8) whether the rollout workers act themselves or an inference
-    worker acts for them, and eval must send offset actions too (the env raises on one outside its space)."""
+@pytest.mark.parametrize("env_id", ["FastrlTestTwoChoices-v0", "FastrlTestMasked-v0"], ids=["two_choices", "masked"])
+def test_discrete_actions_beyond_one_plain_choice_learn_and_evaluate(tmp_path, env_id, acting):
+    """Whether the rollout workers act themselves or an inference worker acts for them, and in eval:
+    - two_choices: a MultiDiscrete action, the first choice counted from 1. The policy must learn both
+      (one read right earns ~12.5 of 20, guessing ~5.8); the env raises on an action not offset by its start.
+    - masked: the env raises on an action its observed mask forbids (2 of 4 each step), so one forbidden draw
+      kills a rollout worker and three replacements end the run. The policy must also learn from the mask
+      (the higher allowed action earns 1; a random allowed one ~10 of 20)."""
     env = {"PYTHONPATH": str(ROOT / "tests")}
-    run = RunProcess("--config", CARTPOLE, "--set", "env.id=custom_env:FastrlTestTwoChoices-v0",
+    run = RunProcess("--config", CARTPOLE, "--set", f"env.id=custom_env:{env_id}",
                      "--set", f"sampler.num_inference_workers={int(acting == 'inference')}",
                      "--set", "run.stop_at_mean_return=18", "--set", "run.train_for_env_steps=1000000",
                      runs_dir=tmp_path, env=env)
     assert run.wait(180) == 0, run.output
     assert "mean return of the last 100 episodes reached 18" in run.output, run.output
+    assert ("action_mask applied to the logits" in run.output) == (env_id == "FastrlTestMasked-v0"), run.output
     evaluation = RunProcess(str(run.run_dir), "--episodes", "2", "--deterministic", command="eval", env=env)
     assert evaluation.wait(120) == 0, evaluation.output
     assert re.search(r"return (1[89]|20)\.\d\d ", evaluation.output), evaluation.output

@@ -49,7 +49,8 @@ class NativeGradient:
         return (cfg.native_gradient and cfg.native_loss and cfg.native_vtrace and flat is not None
                 and _policy_head is not None and _mlp is not None and _appo_loss is not None and _vtrace is not None
                 and _optim is not None
-                and model.native_nets is not None and not model.bf16 and model.action_nvec is None and len(model.native_nets.acts) == 2
+                and model.native_nets is not None and not model.bf16 and model.action_nvec is None
+                and model.action_mask is None and len(model.native_nets.acts) == 2
                 and cfg.minibatches_per_weights == 1)
 
     def ready(self) -> bool:

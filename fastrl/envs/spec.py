@@ -42,10 +42,23 @@ class EnvSpec:
     # what an image's values are multiplied by before the CNN: 1 / the largest magnitude its Box allows
     # (1/255 for uint8 frames, 1 for a float image in [0, 1]; 1 when unbounded)
     image_scale: float = 1.0 / 255.0
+    # (first column, count) of a Dict's "action_mask" entry in the flattened observation (Jumanji's TSP, Snake,
+    # Connector), where it holds one entry per logit: the policy gives the actions it marks 0 no probability
+    action_mask: tuple = ()
 
     @property
     def multi_discrete(self) -> bool:
         return bool(self.action_nvec)
+
+    def action_mask_note(self) -> str | None:
+        """What the run does with a Dict's "action_mask" entry, for its first line; None without one."""
+        size = dict(self.obs_dict).get(ACTION_MASK_KEY)
+        if size is None:
+            return None
+        if self.action_mask:
+            return "action_mask applied to the logits"
+        return (f"action_mask of {size} entries read as an input only (the policy has {self.num_actions} logits"
+                + (": a joint mask over its choices" if self.multi_discrete else "") + ")")
 
     @property
     def is_image(self) -> bool:
@@ -58,6 +71,9 @@ class EnvSpec:
             h, w, c = self.obs_shape
             return c, h, w
         return tuple(self.obs_shape)
+
+
+ACTION_MASK_KEY = "action_mask"  # Jumanji's name, and gymnasium's habit for a mask carried in the observation
 
 
 def stores_channels_last(shape: tuple) -> bool:
@@ -107,6 +123,7 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
                   obs_dict=obs_dict or ())
     if len(obs_shape) == 3:
         layout["image_scale"] = _image_scale(obs_space)
+    layout["action_mask"] = _mask_columns(obs_dict or (), _logits(act_space))
     if isinstance(act_space, gym.spaces.Discrete):
         start = int(act_space.start)  # gymnasium's Discrete(n, start) acts in start .. start + n - 1
         return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, int(act_space.n), (start,) if start else (),
@@ -123,6 +140,28 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
                        tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high), **layout)
     raise EnvError(f"{env_id}: action space {act_space} is not supported (Discrete, MultiDiscrete, MultiBinary, "
                    "or a 1-D Box)")
+
+
+def _logits(act_space) -> int | None:
+    """How many logits a categorical policy has for `act_space` (None: not categorical)."""
+    import gymnasium as gym
+
+    if isinstance(act_space, gym.spaces.Discrete):
+        return int(act_space.n)
+    choices = _discrete_choices(act_space)
+    return sum(choices[0]) if isinstance(choices, tuple) else None
+
+
+def _mask_columns(obs_dict: tuple, logits: int | None) -> tuple:
+    """(first column, count) of the "action_mask" entry in the flattened Dict, where it has one entry per
+    logit (a Discrete's mask, or one per choice: Connector's [agents, 5]); () otherwise (no mask, or a joint
+    mask over several choices, as Minesweeper's [10, 10] for a row and a column, which stays an input)."""
+    column = 0
+    for key, size in obs_dict:
+        if key == ACTION_MASK_KEY:
+            return (column, size) if size == logits else ()
+        column += size
+    return ()
 
 
 def _image_scale(obs_space) -> float:

@@ -32,6 +32,9 @@ def _mlp(in_dim: int, hidden: list, activation: str) -> tuple[nn.Module, int]:
     return nn.Sequential(*layers), d
 
 
+MASKED_LOGIT = -1e9  # exp(MASKED_LOGIT - any logit a network gives) is 0 in float32
+
+
 class NatureCNN(nn.Module):
     """Mnih et al. (2015): 3 conv layers and a 512-unit layer; frames scaled to [0, 1].
 
@@ -74,6 +77,8 @@ class ActorCritic(nn.Module):
         self.discrete = spec.discrete
         # several discrete choices: one categorical per choice over its slice of the logits (EnvSpec.action_nvec)
         self.action_nvec = tuple(spec.action_nvec) or None
+        # the observation's columns that say which actions are allowed (EnvSpec.action_mask), or None
+        self.action_mask = slice(spec.action_mask[0], sum(spec.action_mask)) if spec.action_mask else None
         encoder = resolve_encoder(cfg, spec)
         self.normalizer = ObsNormalizer(spec.obs_shape) if cfg.normalize_obs else None
 
@@ -123,14 +128,23 @@ class ActorCritic(nn.Module):
         outputs = self.native_nets(x) if self.native_nets is not None else None
         if outputs is not None:
             params, values = outputs
-            return params, values.squeeze(-1)
+            return self._masked(params, obs), values.squeeze(-1)
         # bf16 halves the cost of the convs and matmuls on CPUs with AVX-512 bf16; the outputs
         # come back as fp32 so that log-probs, V-trace and the losses keep full precision.
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             h = self.actor_encoder(x)
             h_v = h if self.critic_encoder is None else self.critic_encoder(x)
             params, values = self.policy_head(h), self.value_head(h_v).squeeze(-1)
-        return params.float(), values.float()
+        return self._masked(params.float(), obs), values.float()
+
+    def _masked(self, logits: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The logits with the actions the observation's action mask forbids set to MASKED_LOGIT: their
+        probability is exactly 0 in float32, and a finite value keeps 0 * log p at 0 in the entropy (-inf
+        would make it NaN). Without a mask, the logits themselves."""
+        if self.action_mask is None:
+            return logits
+        allowed = obs.reshape(obs.shape[0], -1)[:, self.action_mask] > 0.5
+        return logits.masked_fill(~allowed, MASKED_LOGIT)
 
     def use_channels_last(self) -> ActorCritic:
         """A CNN's weights in channels-last memory, which oneDNN's convs run faster on the CPU (its

@@ -37,6 +37,8 @@ def unsupported_reason(cfg, spec) -> str | None:
         return "model.precision resolves to bf16; numpy acts in fp32 only"
     if spec.multi_discrete:
         return "several discrete choices per action are drawn in torch"
+    if spec.action_mask:
+        return "the observation's action mask is applied in torch"
     if cfg.system.device != "cpu":
         return f"system.device={cfg.system.device}; numpy acts on the CPU"
     return None

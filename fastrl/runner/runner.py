@@ -174,6 +174,9 @@ class Runner:
             backend = acting_backend(cfg, self.spec)
             native = backend == "numpy" and native_kernel(cfg.system.native_acting)
             mode += f", rollout workers act in {backend}" + (" (fastrl_ext kernel)" if native else "")
+        mask_note = self.spec.action_mask_note()
+        if mask_note:
+            mode += f", {mask_note}"
         shards = (f" x {cfg.system.learner_shards} shards ({cfg.system.learner_split})"
                   if cfg.system.learner_shards > 1 else "")
         self.say(f"fastrl: {cfg.env.id} ({self.spec.backend}), {cfg.sampler.num_rollout_workers} rollout workers x "

@@ -151,10 +151,12 @@ def test_a_gymnasium_env_of_hwc_images_learns_and_its_eval_draws_them_in_colour(
     assert_clean(run)
 
 
-@pytest.mark.parametrize("acting", ["rollout", "inference"])
-@pytest.mark.parametrize("env_id", ["FastrlTestTwoChoices-v0", "FastrlTestMasked-v0"], ids=["two_choices", "masked"])
+# one acting layout each: both act through the same TorchForward (and its native draw for one Discrete)
+@pytest.mark.parametrize("env_id, acting", [("FastrlTestTwoChoices-v0", "inference"),
+                                            ("FastrlTestMasked-v0", "rollout")], ids=["two_choices", "masked"])
 def test_discrete_actions_beyond_one_plain_choice_learn_and_evaluate(tmp_path, env_id, acting):
-    """Whether the rollout workers act themselves or an inference worker acts for them, and in eval:
+    """In training (an inference worker acting for the rollout workers, or the rollout workers acting
+    themselves) and in eval:
     - two_choices: a MultiDiscrete action, the first choice counted from 1. The policy must learn both
       (one read right earns ~12.5 of 20, guessing ~5.8); the env raises on an action not offset by its start.
     - masked: the env raises on an action its observed mask forbids (2 of 4 each step), so one forbidden draw

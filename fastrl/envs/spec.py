@@ -30,7 +30,8 @@ class EnvSpec:
     obs_dtype: np.dtype          # dtype stored in the trajectory buffers (float64 becomes float32)
     discrete: bool               # categorical actions: one Discrete, or several choices at once (action_nvec)
     num_actions: int             # discrete: number of actions (all choices' together); continuous: action dimension
-    action_low: tuple = ()       # continuous: the Box's bounds; several choices: each one's first action (its start)
+    action_low: tuple = ()       # continuous: the Box's bounds; discrete: each choice's first action (its start),
+                                 # () when a single Discrete starts at 0
     action_high: tuple = ()
     frames_per_env_step: int = 1  # Atari frameskip: frames = env steps * this
     obs_channels_last: bool = False  # an image stored [H, W, C] (gymnasium's habit), not [C, H, W] (envpool Atari's)

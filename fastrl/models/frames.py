@@ -61,7 +61,7 @@ def frames_to_input(obs: torch.Tensor, dtype: torch.dtype, channels_last: bool,
                     scale: float = UINT8_SCALE) -> torch.Tensor:
     """obs [N, C, H, W] times `scale` (uint8 frames: 1/255) as `dtype`, channels-last in memory if asked;
     a new tensor."""
-    if (_native is not None and obs.dtype == torch.uint8 and scale == UINT8_SCALE and obs.dim() == 4 and obs.is_cpu and obs.is_contiguous()
-            and dtype in (torch.bfloat16, torch.float32) and _native_agrees()):
+    if (_native is not None and obs.dtype == torch.uint8 and scale == UINT8_SCALE and obs.dim() == 4 and obs.is_cpu
+            and obs.is_contiguous() and dtype in (torch.bfloat16, torch.float32) and _native_agrees()):
         return _native_into(obs, dtype, channels_last)
     return frames_to_input_torch(obs, dtype, channels_last, scale)

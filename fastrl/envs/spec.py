@@ -124,36 +124,29 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
                   obs_dict=obs_dict or ())
     if len(obs_shape) == 3:
         layout["image_scale"] = _image_scale(obs_space)
-    layout["action_mask"] = _mask_columns(obs_dict or (), _logits(act_space))
+    choices = _discrete_choices(act_space)
     if isinstance(act_space, gym.spaces.Discrete):
         start = int(act_space.start)  # gymnasium's Discrete(n, start) acts in start .. start + n - 1
-        return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, int(act_space.n), (start,) if start else (),
-                       **layout)
-    choices = _discrete_choices(act_space)
-    if choices is not None:
-        if choices == "bad":
-            raise EnvError(f"{env_id}: action space {act_space} is not supported: several discrete choices need "
-                           "a 1-D space with at least 2 options per choice")
+        actions = dict(discrete=True, num_actions=int(act_space.n), action_low=(start,) if start else ())
+    elif choices == "bad":
+        raise EnvError(f"{env_id}: action space {act_space} is not supported: several discrete choices need "
+                       "a 1-D space with at least 2 options per choice")
+    elif choices is not None:
         nvec, start = choices
-        return EnvSpec(env_id, backend, obs_shape, obs_dtype, True, sum(nvec), start, (), action_nvec=nvec, **layout)
-    if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
-        return EnvSpec(env_id, backend, obs_shape, obs_dtype, False, int(act_space.shape[0]),
-                       tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high), **layout)
-    raise EnvError(f"{env_id}: action space {act_space} is not supported (Discrete, MultiDiscrete, MultiBinary, "
-                   "or a 1-D Box)")
+        actions = dict(discrete=True, num_actions=sum(nvec), action_low=start, action_nvec=nvec)
+    elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+        actions = dict(discrete=False, num_actions=int(act_space.shape[0]),
+                       action_low=tuple(float(x) for x in act_space.low),
+                       action_high=tuple(float(x) for x in act_space.high))
+    else:
+        raise EnvError(f"{env_id}: action space {act_space} is not supported (Discrete, MultiDiscrete, MultiBinary, "
+                       "or a 1-D Box)")
+    # a categorical policy's logits are what an action mask must match, one entry each
+    mask = _mask_columns(layout["obs_dict"], actions["num_actions"]) if actions["discrete"] else ()
+    return EnvSpec(env_id, backend, obs_shape, obs_dtype, **actions, action_mask=mask, **layout)
 
 
-def _logits(act_space) -> int | None:
-    """How many logits a categorical policy has for `act_space` (None: not categorical)."""
-    import gymnasium as gym
-
-    if isinstance(act_space, gym.spaces.Discrete):
-        return int(act_space.n)
-    choices = _discrete_choices(act_space)
-    return sum(choices[0]) if isinstance(choices, tuple) else None
-
-
-def _mask_columns(obs_dict: tuple, logits: int | None) -> tuple:
+def _mask_columns(obs_dict: tuple, logits: int) -> tuple:
     """(first column, count) of the "action_mask" entry in the flattened Dict, where it has one entry per
     logit (a Discrete's mask, or one per choice: Connector's [agents, 5]); () otherwise (no mask, or a joint
     mask over several choices, as Minesweeper's [10, 10] for a row and a column, which stays an input)."""

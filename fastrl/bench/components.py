@@ -52,11 +52,11 @@ class ComponentResult:
 
 
 def random_actions(spec: EnvSpec, num_envs: int, rng: np.random.Generator) -> np.ndarray:
-    if spec.multi_discrete:
-        start = np.asarray(spec.action_low, np.int32)
-        return rng.integers(start, start + np.asarray(spec.action_nvec), size=(num_envs, len(start)), dtype=np.int32)
     if spec.discrete:
-        return rng.integers(0, spec.num_actions, size=num_envs, dtype=np.int32) + np.int32(spec.action_low or 0)
+        choices = spec.action_nvec or spec.num_actions
+        actions = rng.integers(0, choices, size=(num_envs, len(choices)) if spec.multi_discrete else num_envs,
+                               dtype=np.int32)
+        return actions if spec.action_start is None else actions + spec.action_start
     low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
     return rng.uniform(low, high, size=(num_envs, spec.num_actions)).astype(np.float32)
 

@@ -51,6 +51,14 @@ class EnvSpec:
     def multi_discrete(self) -> bool:
         return bool(self.action_nvec)
 
+    @property
+    def action_start(self) -> np.ndarray | None:
+        """What the policy's 0-based discrete actions are offset by on their way to the env (gymnasium's
+        `start`, an integer Box's low), one per choice; None where every choice starts at 0, or continuous."""
+        if not self.discrete or not any(self.action_low):
+            return None
+        return np.asarray(self.action_low, dtype=np.int32)
+
     def action_mask_note(self) -> str | None:
         """What the run does with a Dict's "action_mask" entry, for its first line; None without one."""
         size = dict(self.obs_dict).get(ACTION_MASK_KEY)

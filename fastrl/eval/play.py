@@ -90,7 +90,9 @@ def play(run_dir: Path, checkpoint: Path | None = None, episodes: int = 10, dete
             actions = model.mode(params) if deterministic else model.sample(params)[0]
             actions = actions.numpy()
             if spec.discrete:
-                actions = actions.astype(np.int32) + np.asarray(spec.action_low or 0, dtype=np.int32)
+                actions = actions.astype(np.int32)
+                if spec.action_start is not None:
+                    actions += spec.action_start
             else:
                 actions = np.clip(actions, spec.action_low, spec.action_high).astype(np.float32)
             env.send(actions)

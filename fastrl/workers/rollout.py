@@ -74,9 +74,7 @@ class RolloutWorker:
         spec = ctx.spec
         self.action_low = None if spec.discrete else np.asarray(spec.action_low, dtype=np.float32)
         self.action_high = None if spec.discrete else np.asarray(spec.action_high, dtype=np.float32)
-        # discrete actions are drawn counted from 0; an env whose choices start elsewhere gets them offset
-        self.action_start = (np.asarray(spec.action_low, dtype=np.int32) if spec.discrete and any(spec.action_low)
-                             else None)
+        self.action_start = spec.action_start
         # a replacement worker gets fresh env seeds, so it does not replay its predecessor's episodes
         total_envs = cfg.sampler.num_rollout_workers * cfg.sampler.num_envs_per_worker
         self.first_env = (cfg.run.seed * 1_000_003 + self.generation * total_envs

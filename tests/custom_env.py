@@ -1,7 +1,7 @@
 """User-registered gymnasium envs that envpool does not have: a chain to walk right along to the goal
 (observed as an array or as a Dict), images in gymnasium's [H, W, C] order whose colour names the
-rewarded action, a pair of targets to name with one action of two choices, and actions an observed mask
-forbids."""
+rewarded action, a pair of targets to name with one action of two choices, actions an observed mask
+forbids, and states observed as a bare Discrete index."""
 
 import gymnasium as gym
 import numpy as np
@@ -141,3 +141,28 @@ class MaskedEnv(TwentyStepsEnv):
 
 
 gym.register("FastrlTestMasked-v0", entry_point=MaskedEnv)
+
+
+class IndexEnv(TwentyStepsEnv):
+    """Each step shows a random state as a bare Discrete index counted from 3 (gymnasium's `start`), as
+    FrozenLake and Taxi observe, and the action in ANSWERS for that state earns 1. The answers are scrambled,
+    so nothing about the index's size says which to take. Twenty steps an episode: a policy that reads the
+    state earns 20, one that guesses ~5."""
+
+    ANSWERS = (2, 0, 3, 1, 1, 3, 0, 2, 3, 2, 0, 1)
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Discrete(len(self.ANSWERS), start=3)
+        self.action_space = gym.spaces.Discrete(4)
+        self.state = 3
+        self.steps = 0
+
+    def _obs(self):
+        self.state = 3 + int(self.np_random.integers(len(self.ANSWERS)))
+        return self.state
+
+    def step(self, action):
+        return self._step(float(int(action) == self.ANSWERS[self.state - 3]))
+
+
+gym.register("FastrlTestIndex-v0", entry_point=IndexEnv)

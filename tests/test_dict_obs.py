@@ -50,13 +50,25 @@ def test_the_flattener_puts_each_entry_in_its_columns_as_float32():
     np.testing.assert_array_equal(out[:, 3:], np.arange(12).reshape(3, 4))
 
 
+def _concatenated(want):
+    return np.concatenate([want["position"], want["velocity"]], axis=1).astype(np.float32)
+
+
+def _one_hot(size):
+    return lambda want: np.eye(size, dtype=np.float32)[want]
+
+
+@pytest.mark.parametrize("env_id, shape, expected", [("CheetahRun-v1", (17,), _concatenated),
+                                                     ("FrozenLake-v1", (16,), _one_hot(16)),
+                                                     ("Taxi-v3", (500,), _one_hot(500))])
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "public_api"])
-def test_deepmind_control_steps_as_its_dict_concatenated(direct):
-    """CheetahRun-v1 through EnvpoolSplit against envpool's own dict, same seed, same actions."""
-    env_cfg = EnvConfig(id="CheetahRun-v1")
+def test_envpool_dicts_and_discretes_step_as_envpools_own_observations_made_one_vector(direct, env_id, shape,
+                                                                                       expected):
+    """Through EnvpoolSplit against envpool's own outputs, same seed, same actions: DeepMind Control's dict
+    concatenated; FrozenLake's and Taxi's state index one-hot (tests/test_discrete_obs.py)."""
+    env_cfg = EnvConfig(id=env_id)
     spec = resolve_env(env_cfg)
-    assert spec.obs_shape == (17,) and spec.obs_dtype == np.float32 and not spec.discrete
-    assert spec.obs_dict == (("position", 8), ("velocity", 9))
+    assert spec.obs_shape == shape and spec.obs_dtype == np.float32
     split = EnvpoolSplit(env_cfg, spec, 3, 1, seed=4, direct=direct)
     assert split.direct == direct
     raw = load_envpool(spec.env_id).make(spec.env_id, env_type="gymnasium", num_envs=3, batch_size=3,
@@ -65,15 +77,20 @@ def test_deepmind_control_steps_as_its_dict_concatenated(direct):
     raw.async_reset()
     step = split.reset()
     rng = np.random.default_rng(0)
-    for t in range(40):
+    observed = set()
+    for t in range(60):
         want = raw.recv()[0]
-        assert step.obs.dtype == np.float32 and step.obs.shape == (3, 17)
-        np.testing.assert_array_equal(step.obs, np.concatenate([want["position"], want["velocity"]], axis=1)
-                                      .astype(np.float32), err_msg=f"step {t}")
-        actions = rng.uniform(-1, 1, (3, spec.num_actions)).astype(np.float32)
+        assert step.obs.dtype == np.float32 and step.obs.shape == (3, *shape)
+        np.testing.assert_array_equal(step.obs, expected(want), err_msg=f"step {t}")
+        observed.add(step.obs.tobytes())
+        if spec.discrete:
+            actions = rng.integers(0, spec.num_actions, 3).astype(np.int32)
+        else:
+            actions = rng.uniform(-1, 1, (3, spec.num_actions)).astype(np.float32)
         split.send(actions)
-        raw.send(actions.astype(np.float64), ids)
+        raw.send(actions.astype(np.float64) if not spec.discrete else actions, ids)
         step = split.recv()
+    assert len(observed) > 4  # the observations moved: one stuck on the first would have failed above
     raw.recv()
     split.close()
     raw.close()
@@ -98,12 +115,15 @@ def test_a_nested_envpool_dict_flattens_alike_through_both_calls():
     public.close()
 
 
-def test_groups_of_one_shared_envpool_flatten_as_one_pool_per_group():
-    """MiniGrid's Dict (direction, image, mission): the pooled groups' direct calls, whose env ids are
-    made local, against one envpool per group."""
-    env_cfg = EnvConfig(id="MiniGrid-Empty-5x5-v0", kwargs={"max_episode_steps": 12})
+@pytest.mark.parametrize("env_cfg, size", [(EnvConfig(id="MiniGrid-Empty-5x5-v0", kwargs={"max_episode_steps": 12}),
+                                             1 + 147 + 96),
+                                            (EnvConfig(id="FrozenLake-v1"), 16)], ids=["dict", "discrete"])
+def test_groups_of_one_shared_envpool_flatten_as_one_pool_per_group(env_cfg, size):
+    """MiniGrid's Dict (direction, image, mission), and FrozenLake's Discrete cell stored one-hot
+    (tests/test_discrete_obs.py): the pooled groups' direct calls, whose env ids are made local, against
+    one envpool per group."""
     spec = resolve_env(env_cfg)
-    assert spec.discrete and spec.obs_shape == (1 + 147 + 96,)
+    assert spec.discrete and spec.obs_shape == (size,)
     sampler = SamplerConfig(num_envs_per_worker=4, num_splits=2, env_pool="per_worker")
     pooled = make_groups(env_cfg, spec, sampler, seed=9)
     assert all(g.direct for g in pooled)
@@ -147,5 +167,5 @@ def test_what_cannot_be_flattened_is_refused_before_anything_starts():
     with pytest.raises(EnvError, match="cannot be used: its entry"):
         _spec_from_spaces("Odd-v0", "gymnasium", gym.spaces.Dict({"t": gym.spaces.Tuple([gym.spaces.Discrete(2)])}),
                           gym.spaces.Discrete(2), 1)
-    with pytest.raises(EnvError, match="neither a Box nor a Dict"):
-        _spec_from_spaces("Taxi-v3", "gymnasium", gym.spaces.Discrete(500), gym.spaces.Discrete(6), 1)
+    with pytest.raises(EnvError, match="is not a Box, a Discrete or a Dict of them"):
+        _spec_from_spaces("Odd-v0", "gymnasium", gym.spaces.Tuple([gym.spaces.Discrete(2)]), gym.spaces.Discrete(2), 1)

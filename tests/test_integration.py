@@ -176,6 +176,22 @@ def test_discrete_actions_beyond_one_plain_choice_learn_and_evaluate(tmp_path, e
     assert_clean(run)
 
 
+def test_a_discrete_observation_is_read_one_hot_learns_and_evaluates(tmp_path):
+    """A bare Discrete observation counted from 3 (FastrlTestIndex-v0): the policy must read which of 12
+    states it is shown, each with its own scrambled answer (guessing earns ~5 of 20), in training and in
+    deterministic eval. Before, the env was refused; a one-hot that ignored the start raises in the split."""
+    env = {"PYTHONPATH": str(ROOT / "tests")}
+    run = RunProcess("--config", CARTPOLE, "--set", "env.id=custom_env:FastrlTestIndex-v0",
+                     "--set", "run.stop_at_mean_return=18", "--set", "run.train_for_env_steps=1000000",
+                     runs_dir=tmp_path, env=env)
+    assert run.wait(180) == 0, run.output
+    assert "mean return of the last 100 episodes reached 18" in run.output, run.output
+    evaluation = RunProcess(str(run.run_dir), "--episodes", "2", "--deterministic", command="eval", env=env)
+    assert evaluation.wait(120) == 0, evaluation.output
+    assert re.search(r"return (1[89]|20)\.\d\d ", evaluation.output), evaluation.output
+    assert_clean(run)
+
+
 def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
     """With one slot per batch the learner frees slots one at a time; each must not always go to
     worker 0 (it did: worker 1 then stopped after its first two slots for the whole run).

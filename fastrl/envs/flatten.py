@@ -1,10 +1,13 @@
-"""Dict observations as one float32 vector, the way Sample Factory and CleanRL users meet DeepMind
-Control (`CheetahRun-v1`: position and velocity), MiniGrid (image, direction, mission) or Jumanji.
+"""Observations that are not one array, made one float32 vector by each split: Dicts, the way Sample
+Factory and CleanRL users meet DeepMind Control (`CheetahRun-v1`: position and velocity), MiniGrid (image,
+direction, mission) or Jumanji; and a bare Discrete, the state index of FrozenLake, Taxi or CliffWalking.
 
 The spec resolves the Dict once into its keys and their sizes (`dict_layout`); each split then copies
 its batch's arrays, key after key, into one [num_envs, size] buffer it owns (`DictFlattener`), so
 everything after the env (slots, recorders, networks) sees an ordinary vector observation. A Discrete
 entry is its value, not a one-hot: a step counter of 4,000 values would otherwise be 4,000 inputs.
+A Discrete observation is the whole state, an index whose value means nothing (Taxi's 499 is not near
+498), so it is stored one-hot (`OneHot`), as Stable-Baselines3 and CleanRL's tabular examples feed it.
 """
 
 from __future__ import annotations
@@ -71,6 +74,11 @@ class DictFlattener:
             start += size
         self.out = np.empty((num_envs, start), dtype=np.float32)
 
+    @property
+    def envpool_keys(self) -> list:
+        """envpool's state keys of the entries, in this flattener's order."""
+        return [f"obs:{key}" for key in self.keys]
+
     def __call__(self, obs) -> np.ndarray:
         """From a mapping of key to batch, nested for a nested Dict (envpool's and gymnasium's public API)."""
         leaves = _dotted(obs) if self.nested else obs
@@ -83,6 +91,39 @@ class DictFlattener:
         return self.out
 
 
-def flattener_for(obs_dict: tuple, num_envs: int) -> DictFlattener | None:
-    """A split's flattener for EnvSpec.obs_dict, or None for an observation that is one array already."""
-    return DictFlattener(obs_dict, num_envs) if obs_dict else None
+class OneHot:
+    """A batch of Discrete observations (one integer per env, from `start` to `start + n - 1`) -> one
+    [num_envs, n] float32 array, one-hot; the array is this object's, as DictFlattener's is."""
+
+    envpool_keys = ("obs",)
+
+    def __init__(self, n: int, start: int, num_envs: int):
+        self.n, self.start, self.num_envs = n, start, num_envs
+        self.rows = np.arange(num_envs)
+        self.hot = np.zeros(num_envs, dtype=np.intp)  # each row's 1, cleared at the next call
+        self.out = np.zeros((num_envs, n), dtype=np.float32)
+
+    def __call__(self, obs) -> np.ndarray:
+        return self.gather([obs], (0,))
+
+    def gather(self, arrays, positions) -> np.ndarray:
+        """From the sequence holding the batch at positions[0] (envpool's `_recv`, as DictFlattener.gather)."""
+        self.out[self.rows, self.hot] = 0.0
+        np.subtract(np.asarray(arrays[positions[0]]).reshape(self.num_envs), self.start, out=self.hot,
+                    casting="unsafe")
+        # a negative index would silently light the wrong end of the row
+        if self.hot.min() < 0 or self.hot.max() >= self.n:
+            raise ValueError(f"a Discrete observation outside {self.start}..{self.start + self.n - 1}: "
+                             f"{self.hot.min() + self.start}..{self.hot.max() + self.start}")
+        self.out[self.rows, self.hot] = 1.0
+        return self.out
+
+
+def flattener_for(spec, num_envs: int) -> DictFlattener | OneHot | None:
+    """A split's flattener for its EnvSpec's Dict (obs_dict) or Discrete (obs_one_hot) observation, or None
+    for an observation that is one array already."""
+    if spec.obs_dict:
+        return DictFlattener(spec.obs_dict, num_envs)
+    if spec.obs_one_hot:
+        return OneHot(*spec.obs_one_hot, num_envs)
+    return None

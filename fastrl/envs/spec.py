@@ -46,6 +46,9 @@ class EnvSpec:
     # (first column, count) of a Dict's "action_mask" entry in the flattened observation (Jumanji's TSP, Snake,
     # Connector), where it holds one entry per logit: the policy gives the actions it marks 0 no probability
     action_mask: tuple = ()
+    # a Discrete observation's (n, start) (FrozenLake's cell, Taxi's state): one integer per env from the env,
+    # stored one-hot as obs_shape (n,) float32 (fastrl.envs.flatten.OneHot)
+    obs_one_hot: tuple = ()
 
     @property
     def multi_discrete(self) -> bool:
@@ -125,11 +128,15 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
     elif isinstance(obs_space, gym.spaces.Box):
         obs_shape = tuple(obs_space.shape)
         obs_dtype = np.dtype(np.float32) if np.issubdtype(obs_space.dtype, np.floating) else np.dtype(obs_space.dtype)
+    elif isinstance(obs_space, gym.spaces.Discrete):
+        obs_shape, obs_dtype = (int(obs_space.n),), np.dtype(np.float32)
     else:
-        raise EnvError(f"{env_id}: observation space {obs_space} is neither a Box nor a Dict of them; "
+        raise EnvError(f"{env_id}: observation space {obs_space} is not a Box, a Discrete or a Dict of them; "
                        "fastrl supports array observations")
     layout = dict(frames_per_env_step=frames_per_env_step, obs_channels_last=stores_channels_last(obs_shape),
                   obs_dict=obs_dict or ())
+    if isinstance(obs_space, gym.spaces.Discrete):
+        layout["obs_one_hot"] = (int(obs_space.n), int(obs_space.start))
     if len(obs_shape) == 3:
         layout["image_scale"] = _image_scale(obs_space)
     choices = _discrete_choices(act_space)

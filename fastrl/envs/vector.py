@@ -15,7 +15,7 @@ import numpy as np
 
 from fastrl.config.schema import EnvConfig, SamplerConfig
 from fastrl.envs.spec import EnvSpec, gymnasium_with_fastrl_envs
-from fastrl.envs.flatten import DictFlattener, flattener_for
+from fastrl.envs.flatten import DictFlattener, OneHot, flattener_for
 
 
 @dataclass
@@ -66,16 +66,16 @@ class _DirectCalls:
 
     A Dict observation comes out of `_recv` as one array per key ("obs:position", ...): `recv_raw`
     then appends their flattening (DictFlattener) to `_recv`'s list and reads it from there, and so does
-    fastrl_ext._rollout, which calls `recv_raw`.
+    fastrl_ext._rollout, which calls `recv_raw`. A Discrete observation's one-hot (OneHot) is appended alike.
     """
 
-    def __init__(self, env, ids: np.ndarray, flatten: DictFlattener | None = None):
+    def __init__(self, env, ids: np.ndarray, flatten: DictFlattener | OneHot | None = None):
         """`ids`: every env of the split, in order (each call carries all of them); `flatten`: the
-        split's flattener of a Dict observation."""
+        split's flattener of a Dict or Discrete observation."""
         self.send_raw, self.recv_raw = env._send, env._recv
         self.index = {key: i for i, key in enumerate(env._state_keys)}
         if flatten is not None:
-            envpool_recv, obs_positions = env._recv, tuple(self.index[key] for key in _obs_keys(flatten))
+            envpool_recv, obs_positions = env._recv, tuple(self.index[key] for key in flatten.envpool_keys)
 
             def recv_flattened() -> list:
                 values = envpool_recv()
@@ -101,9 +101,9 @@ class _DirectCalls:
         self.send_args = [self.ids, self.ids, self.actions]  # envpool reads the actions after `_send` returns
 
     @staticmethod
-    def supported(env, flatten: DictFlattener | None = None) -> bool:
+    def supported(env, flatten: DictFlattener | OneHot | None = None) -> bool:
         """Whether envpool's private layout is the one this class was written against (1.2.5's), with the
-        observation as one "obs" output or, given `flatten`, as one "obs:<key>" output per Dict key."""
+        observation as one "obs" output or, given `flatten`, as the outputs it names (a Dict's "obs:<key>")."""
         try:
             action_keys, state_keys = list(env._action_keys), list(env._state_keys)
             calls = callable(env._send) and callable(env._recv)
@@ -111,7 +111,7 @@ class _DirectCalls:
             players = env.config.get("max_num_players", 1)
         except (AttributeError, TypeError):
             return False
-        needed = (*_STATE_KEYS_NEEDED, *(_obs_keys(flatten) if flatten is not None else ["obs"]))
+        needed = (*_STATE_KEYS_NEEDED, *(flatten.envpool_keys if flatten is not None else ["obs"]))
         return (calls and action_keys == _ACTION_KEYS and len(action_spec) == len(_ACTION_KEYS) and players == 1
                 and all(k in state_keys for k in needed))
 
@@ -127,12 +127,8 @@ class _DirectCalls:
                 values[score] if score >= 0 else None, values[game_over] if game_over >= 0 else None)
 
 
-def _obs_keys(flatten: DictFlattener) -> list:
-    """envpool's state keys of a Dict observation's entries, in the flattener's order."""
-    return [f"obs:{key}" for key in flatten.keys]
-
-
-def _direct_calls(env, ids: np.ndarray, flatten: DictFlattener | None, direct: bool) -> _DirectCalls | None:
+def _direct_calls(env, ids: np.ndarray, flatten: DictFlattener | OneHot | None,
+                  direct: bool) -> _DirectCalls | None:
     return _DirectCalls(env, ids, flatten) if direct and _DirectCalls.supported(env, flatten) else None
 
 
@@ -149,7 +145,7 @@ class EnvpoolSplit:
                                                    batch_size=num_envs, num_threads=num_threads, seed=seed,
                                                    **env_cfg.kwargs)
         self._ids = np.arange(num_envs, dtype=np.int32)
-        self._flatten = flattener_for(spec.obs_dict, num_envs)
+        self._flatten = flattener_for(spec, num_envs)
         self._direct = _direct_calls(self._env, self._ids, self._flatten, direct)
 
     @property
@@ -224,7 +220,7 @@ class PooledGroup(EnvpoolSplit):
         self._env = pool.env
         self.first_id = group * num_envs
         self._ids = np.arange(self.first_id, self.first_id + num_envs, dtype=np.int32)
-        self._flatten = flattener_for(pool.spec.obs_dict, num_envs)
+        self._flatten = flattener_for(pool.spec, num_envs)
         self._direct = _direct_calls(pool.env, self._ids, self._flatten, direct)
         if self._direct is not None:
             # fastrl_ext._rollout calls this through raw_calls, so the ids are checked and made local there too
@@ -275,7 +271,7 @@ class GymnasiumSplit:
         self._env = gym.vector.SyncVectorEnv([lambda: gym.make(spec.env_id, **env_cfg.kwargs)] * num_envs,
                                              autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
         self._actions = None
-        self._flatten = flattener_for(spec.obs_dict, num_envs)
+        self._flatten = flattener_for(spec, num_envs)
 
     def reset(self) -> Step:
         obs, _ = self._env.reset(seed=self._seed)

@@ -95,10 +95,12 @@ float log_softmax_row(const float* l, Py_ssize_t K, float* logp) {
     for (Py_ssize_t k = 1; k < K; ++k) m = l[k] > m ? l[k] : m;
     float s = 0.0f;
     for (Py_ssize_t k = 0; k < K; ++k) s += std::exp(l[k] - m);
-    const float lse = m + std::log(s);
+    // (l - m) - log s, not l - (m + log s): where every logit is masked (-1e9) m + log s rounds back to m,
+    // which made each log-prob 0 and the entropy 0 instead of log K (torch's log_softmax subtracts as here)
+    const float log_s = std::log(s);
     float ent = 0.0f;
     for (Py_ssize_t k = 0; k < K; ++k) {
-        logp[k] = l[k] - lse;
+        logp[k] = (l[k] - m) - log_s;
         ent -= std::exp(logp[k]) * logp[k];
     }
     return ent;

@@ -27,6 +27,8 @@ PONG = EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.dtype(np.uint8), True, 6, f
 HALFCHEETAH = EnvSpec("HalfCheetah-v5", "envpool", (17,), np.dtype(np.float32), False, 6, (-1.0,) * 6, (1.0,) * 6)
 # A small discrete vector env (4 observations, 3 actions) for the acting and recording paths
 SMALL_DISCRETE = EnvSpec("Discrete-v0", "envpool", (4,), np.dtype(np.float32), True, 3)
+# observation columns 2..6 hold an action mask of its 5 actions (> 0.5: allowed), as a Dict's "action_mask" flattens
+MASKED_DISCRETE = EnvSpec("Masked-v0", "envpool", (9,), np.dtype(np.float32), True, 5, action_mask=(2, 5))
 
 
 def load_bench_script(name: str):

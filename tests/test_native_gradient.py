@@ -145,6 +145,8 @@ def _one_minibatch(trainer: APPOTrainer, batch: dict):
     ("configs/cartpole.yaml", ["algo.entropy_coef=0.02"]),
     ("configs/cartpole.yaml", ["algo.minibatch_unit=samples", "algo.num_minibatches=4", "algo.value_clip=0.5"]),
     ("configs/cartpole.yaml", ["model.activation=relu", "model.hidden_sizes=[32]", "algo.vtrace_lambda=0.9"]),
+    # an observed action mask (random observations: some rows allow nothing, some actions taken are forbidden)
+    ("configs/cartpole.yaml", ["env.id=custom_env:FastrlTestMasked-v0", "algo.entropy_coef=0.02"]),
 ])
 def test_a_minibatch_loss_and_gradient_match_autograd(preset, overrides):
     (native, reference), batch = _trainers(preset, overrides)

@@ -11,7 +11,8 @@ straight into the parameters' `.grad` (views of the flat gradient, fastrl.algo.f
 The same math as the autograd path, to float rounding (tests/test_native_gradient.py holds the loss and every
 gradient to it). Taken only where that path would run the same layers natively: an fp32 MLP actor and critic
 with model.native_mlp's layers, algo.native_loss and native_vtrace, a flat gradient, one minibatch per
-weights on one thread; anything else keeps autograd.
+weights on one thread, one categorical (an observed action mask included) or a Gaussian; anything else
+(several discrete choices) keeps autograd.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
 from fastrl.models import ActorCritic
 from fastrl.models.native_mlp import NativeNets, split_views
+from fastrl.models.numpy_policy import MASKED_LOGIT
 from fastrl_ext import _appo_loss, _mlp, _optim, _policy_head, _vtrace
 
 # Buffers for up to this many distinct minibatch shapes are kept (a batch's minibatches
@@ -50,7 +52,7 @@ class NativeGradient:
                 and _policy_head is not None and _mlp is not None and _appo_loss is not None and _vtrace is not None
                 and _optim is not None
                 and model.native_nets is not None and not model.bf16 and model.action_nvec is None
-                and model.action_mask is None and len(model.native_nets.acts) == 2
+                and len(model.native_nets.acts) == 2
                 and cfg.minibatches_per_weights == 1)
 
     def ready(self) -> bool:
@@ -88,6 +90,13 @@ class NativeGradient:
         _mlp.normalize(x, _array(normalizer.mean, (-1,)), std, float(normalizer.clip), scratch.inputs)
         return scratch.inputs
 
+    def _forbidden(self, obs: torch.Tensor, rows: int, n: int) -> np.ndarray | None:
+        """[n, A] True where the observation's action mask forbids the action (ActorCritic._masked reads the
+        observation as it came, before normalisation); None without a mask."""
+        if self.model.action_mask is None:
+            return None
+        return ~(_array(obs, (rows, -1))[:n, self.model.action_mask] > 0.5)
+
     @torch.no_grad()
     def trajectory_minibatch(self, mb: dict) -> tuple[LossOutput, float]:
         """Whole trajectories [T(+1), b]: V-trace with the current values, as APPOTrainer's autograd path.
@@ -114,6 +123,9 @@ class NativeGradient:
         log_std = None if self.model.discrete else self.model.log_std.detach().numpy()
         actions = _array(mb["actions"], (n, -1) if log_std is not None else (n,))
         lp, ent = scratch.lp, scratch.ent
+        forbidden = self._forbidden(mb["obs"], rows, n)
+        if forbidden is not None:
+            policy_params[forbidden] = MASKED_LOGIT
         _policy_head.forward(policy_params, actions, log_std, lp, ent)
 
         old_lp = _array(mb["log_probs"], (n,))
@@ -131,6 +143,10 @@ class NativeGradient:
         if log_std is not None:
             log_std_grad = self.model.log_std.grad.numpy()
         _policy_head.backward(policy_params, actions, log_std, g_lp, g_ent, scratch.g_params[:n], log_std_grad)
+        if forbidden is not None:
+            # as masked_fill's backward: a forbidden logit is a constant, whatever the head's gradient there (an
+            # action drawn where its row allowed nothing, or a batch's action the mask now forbids)
+            scratch.g_params[:n][forbidden] = 0.0
         scratch.g_values[:n, 0] = g_v  # the rows past n (bootstrap values) keep the zeros they were made with
         _mlp.backward(scratch.g_params, x, actor, actor_hs, actor_grads, actor_act, None)
         _mlp.backward(scratch.g_values, x, critic, critic_hs, critic_grads, critic_act, None)

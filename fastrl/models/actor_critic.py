@@ -16,6 +16,7 @@ from fastrl.models.frames import UINT8_SCALE, frames_to_input
 from fastrl.models import native_mlp
 from fastrl.models.linear import WeightLeftLinear
 from fastrl.models.normalizer import ObsNormalizer
+from fastrl.models.numpy_policy import MASKED_LOGIT
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -30,9 +31,6 @@ def _mlp(in_dim: int, hidden: list, activation: str) -> tuple[nn.Module, int]:
         layers += [linear, act()]
         d = h
     return nn.Sequential(*layers), d
-
-
-MASKED_LOGIT = -1e9  # exp(MASKED_LOGIT - any logit a network gives) is 0 in float32
 
 
 class NatureCNN(nn.Module):

@@ -10,7 +10,7 @@ on random weights and inputs.
 
 It covers what fastrl's MLP models are: an MLP encoder (tanh or relu), shared or separate for
 the critic, optional observation normalisation, a categorical or state-independent Gaussian head,
-all in fp32 on the CPU. `unsupported_reason` says why anything else needs torch.
+an observed action mask (EnvSpec.action_mask) on the categorical's logits, all in fp32 on the CPU. `unsupported_reason` says why anything else needs torch.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ import numpy as np
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 NORMALIZER_EPS, NORMALIZER_CLIP = 1e-8, 10.0  # ObsNormalizer's defaults too (it imports them from here)
 NATIVE_WIDE = 16  # layers at least this wide keep (in, out) weights in the native block: see pack_native
+# a forbidden action's logit (ActorCritic imports it from here, and fastrl_ext/src/acting_plan.h repeats it):
+# exp(MASKED_LOGIT - any logit a network gives) is 0 in float32, and a finite value keeps 0 * log p at 0
+MASKED_LOGIT = -1e9
 
 
 def unsupported_reason(cfg, spec) -> str | None:
@@ -37,8 +40,6 @@ def unsupported_reason(cfg, spec) -> str | None:
         return "model.precision resolves to bf16; numpy acts in fp32 only"
     if spec.multi_discrete:
         return "several discrete choices per action are drawn in torch"
-    if spec.action_mask:
-        return "the observation's action mask is applied in torch"
     if cfg.system.device != "cpu":
         return f"system.device={cfg.system.device}; numpy acts on the CPU"
     return None
@@ -70,6 +71,8 @@ class NumpyPolicy:
         self._act_mlp = fastrl_ext._acting.act_mlp if self.native else None
         self.plan = self.block = None  # the network as _acting takes it (load, pack_native)
         self.discrete = spec.discrete
+        # the observation's columns that say which actions are allowed (EnvSpec.action_mask), as ActorCritic's
+        self.mask = slice(spec.action_mask[0], sum(spec.action_mask)) if spec.action_mask else None
         self.act_fn = np.tanh if activation == "tanh" else (lambda x: np.maximum(x, 0.0, out=x))
         self.names = {name for name, _, _ in layout}
         self.actor_layers = self._layer_names("actor_encoder")
@@ -191,7 +194,7 @@ class NumpyPolicy:
             tail[2], tail[3] = slices["std"].start, slices["log_prob_const"].start
         self.plan = np.asarray([*dims, int(self.discrete), int(self.activation != "tanh"), int(self.normalized),
                                 len(self.actor_layers), len(self.critic_layers), *(v for row in layers for v in row),
-                                *tail], dtype=np.int64)
+                                *tail, self._mask_column], dtype=np.int64)
         return np.concatenate(parts), slices
 
     def pack_native(self) -> tuple[np.ndarray, np.ndarray]:
@@ -218,8 +221,14 @@ class NumpyPolicy:
                 put(p["normalizer.inv_std"]) if self.normalized else -1,
                 -1 if self.discrete else put(p["std"]), -1 if self.discrete else put(p["log_prob_const"])]
         plan = [*dims, int(self.discrete), int(self.activation != "tanh"), int(self.normalized),
-                len(self.actor_layers), len(self.critic_layers), *(v for row in layers for v in row), *tail]
+                len(self.actor_layers), len(self.critic_layers), *(v for row in layers for v in row), *tail,
+                self._mask_column]
         return np.asarray(plan, dtype=np.int64), np.concatenate(parts)
+
+    @property
+    def _mask_column(self) -> int:
+        """The plan's last entry: the action mask's first observation column, -1 without one."""
+        return -1 if self.mask is None else self.mask.start
 
     @property
     def obs_dim(self) -> int:
@@ -245,6 +254,10 @@ class NumpyPolicy:
         params = h @ p["policy_head.weight"]
         params += p["policy_head.bias"]
         values = (h_v @ p["value_head.weight"])[:, 0] + p["value_head.bias"][0]
+        if self.mask is not None:
+            # read from the observation as it came, before normalisation, as ActorCritic._masked reads it
+            allowed = obs.reshape(obs.shape[0], -1)[:, self.mask] > 0.5
+            params[~allowed] = MASKED_LOGIT
         return params, values
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

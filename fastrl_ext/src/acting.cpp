@@ -6,6 +6,7 @@
 //   h = act(... act(x W1 + b1) ... Wn + bn)         act = tanh or relu; the critic has its own layers
 //                                                   unless the encoder is shared (n_critic = 0)
 //   params = h Wp + bp;  value = h_v Wv + bv
+//   masked:      params_j = MASKED_LOGIT where the observation's mask column j is not > 0.5 (plan's mask_column)
 //   categorical: z = params - max(params); log_p = z - log(sum(exp z)); the action is the number of
 //                cumulative sums of exp z that are <= u * sum(exp z) (at most A - 1), u ~ U[0, 1)
 //   Gaussian:    action = params + std * noise;  log_prob = -0.5 * sum(noise^2) + log_prob_const
@@ -37,6 +38,7 @@ namespace {
 using View = fastrl_ext::BufferView;
 using fastrl_ext::tanh_row;
 using fastrl_ext::acting::Layer;
+using fastrl_ext::acting::MASKED_LOGIT;
 using fastrl_ext::acting::Net;
 using fastrl_ext::acting::fail;
 using fastrl_ext::acting::read_plan;
@@ -165,6 +167,10 @@ __attribute__((always_inline)) inline void act_rows(const Net& net, const float*
         dense_row(net.value_head, h_v, head, 0);
         values[i] = head[0];
         dense_row(net.policy_head, h, head, 0);
+        if (net.mask_column >= 0) {
+            const float* allowed = o + net.mask_column;
+            for (int64_t j = 0; j < A; ++j) head[j] = allowed[j] > 0.5f ? head[j] : MASKED_LOGIT;
+        }
         if (net.discrete) {
             categorical_row(head, A, random[i], &actions_i[i], &log_probs[i]);
         } else {

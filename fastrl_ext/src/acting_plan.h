@@ -5,7 +5,8 @@
 //   [D, A, discrete, relu, normalized, n_actor, n_critic,
 //    (in, out, w_offset, b_offset, by_output) for each actor layer, each critic layer, the policy head and
 //    the value head (by_output: W stored (out, in), as torch keeps it, rather than (in, out)),
-//    mean_offset, inv_std_offset, std_offset, log_prob_const_offset]     (offsets: -1 where unused)
+//    mean_offset, inv_std_offset, std_offset, log_prob_const_offset,     (offsets: -1 where unused)
+//    mask_column]  (categorical: the first of the A observation columns that hold the action mask, -1 for none)
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -23,7 +24,10 @@ using View = BufferView;
 
 constexpr int HEADER = 7;
 constexpr int PER_LAYER = 5;
-constexpr int TAIL = 4;
+constexpr int TAIL = 5;
+// What a forbidden action's logit becomes: fastrl.models.actor_critic's MASKED_LOGIT (exp of it less any logit
+// a network gives is 0 in float32, and it stays finite so that 0 * log p is 0 in the entropy)
+constexpr float MASKED_LOGIT = -1e9f;
 
 struct Layer {
     int64_t in, out;
@@ -39,6 +43,7 @@ struct Net {
     Layer policy_head, value_head;
     const float *mean = nullptr, *inv_std = nullptr, *std_dev = nullptr;
     float log_prob_const = 0.0f;
+    int64_t mask_column = -1;  // obs columns mask_column .. + A - 1 hold the action mask (> 0.5: allowed)
     int64_t widest = 0;
 };
 
@@ -127,6 +132,11 @@ inline bool read_plan(const View& plan, const View& params, Net& net) {
             return false;
         }
         net.log_prob_const = *lpc;
+    }
+    net.mask_column = tail[4];
+    if (net.mask_column != -1 && (!net.discrete || net.mask_column < 0 || net.mask_column + net.A > net.D)) {
+        PyErr_SetString(PyExc_ValueError, "act_mlp: the action mask's columns lie outside the observation");
+        return false;
     }
     return true;
 }

@@ -135,3 +135,22 @@ def test_numpy_and_native_acting_never_pick_what_the_mask_forbids(native):
         assert allowed.numpy()[np.arange(len(actions)), actions].all()
         assert np.isfinite(log_probs).all() and (log_probs[1::3] == 0).all()
     assert set(actions[0::3].tolist()) == {2} and set(policy.act(obs, np.random.default_rng(2))[0][0::3]) == {0, 2}
+
+
+def test_the_kernel_refuses_a_mask_outside_the_observation():
+    import fastrl_ext
+
+    from fastrl.models.numpy_policy import NumpyPolicy
+
+    if fastrl_ext._acting is None:
+        pytest.skip("fastrl_ext is not built")
+    spec = masked_spec(gym.spaces.Discrete(4), 4)  # 8 observation columns, the mask in 3..6
+    policy = NumpyPolicy.from_module(ActorCritic(spec, ModelConfig(hidden_sizes=[8])), spec, "tanh", native=True)
+    obs = np.zeros((2, 8), np.float32)
+    out = np.empty(2, np.int64), np.empty(2, np.float32), np.empty(2, np.float32)
+    assert policy.plan[-1] == 3
+    policy.act_into(obs, np.random.default_rng(0), *out)
+    for column in (5, -2):  # past the last column, and not -1 (no mask)
+        policy.plan[-1] = column
+        with pytest.raises(ValueError, match="the action mask's columns lie outside the observation"):
+            policy.act_into(obs, np.random.default_rng(0), *out)

@@ -10,7 +10,8 @@ on random weights and inputs.
 
 It covers what fastrl's MLP models are: an MLP encoder (tanh or relu), shared or separate for
 the critic, optional observation normalisation, a categorical or state-independent Gaussian head,
-an observed action mask (EnvSpec.action_mask) on the categorical's logits, all in fp32 on the CPU. `unsupported_reason` says why anything else needs torch.
+an observed action mask (EnvSpec.action_mask) on the categorical's logits, all in fp32 on the CPU.
+`unsupported_reason` says why anything else needs torch.
 """
 
 from __future__ import annotations

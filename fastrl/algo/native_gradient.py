@@ -26,7 +26,7 @@ from fastrl.algo.vtrace import vtrace
 from fastrl.config.schema import AlgoConfig
 from fastrl.models import ActorCritic
 from fastrl.models.native_mlp import NativeNets, split_views
-from fastrl.models.numpy_policy import MASKED_LOGIT
+from fastrl.models.numpy_policy import MASKED_LOGIT, forbidden_actions
 from fastrl_ext import _appo_loss, _mlp, _optim, _policy_head, _vtrace
 
 # Buffers for up to this many distinct minibatch shapes are kept (a batch's minibatches
@@ -90,13 +90,6 @@ class NativeGradient:
         _mlp.normalize(x, _array(normalizer.mean, (-1,)), std, float(normalizer.clip), scratch.inputs)
         return scratch.inputs
 
-    def _forbidden(self, obs: torch.Tensor, rows: int, n: int) -> np.ndarray | None:
-        """[n, A] True where the observation's action mask forbids the action (ActorCritic._masked reads the
-        observation as it came, before normalisation); None without a mask."""
-        if self.model.action_mask is None:
-            return None
-        return ~(_array(obs, (rows, -1))[:n, self.model.action_mask] > 0.5)
-
     @torch.no_grad()
     def trajectory_minibatch(self, mb: dict) -> tuple[LossOutput, float]:
         """Whole trajectories [T(+1), b]: V-trace with the current values, as APPOTrainer's autograd path.
@@ -123,8 +116,9 @@ class NativeGradient:
         log_std = None if self.model.discrete else self.model.log_std.detach().numpy()
         actions = _array(mb["actions"], (n, -1) if log_std is not None else (n,))
         lp, ent = scratch.lp, scratch.ent
-        forbidden = self._forbidden(mb["obs"], rows, n)
-        if forbidden is not None:
+        forbidden = None
+        if self.model.action_mask is not None:
+            forbidden = forbidden_actions(_array(mb["obs"], (rows, -1))[:n], self.model.action_mask)
             policy_params[forbidden] = MASKED_LOGIT
         _policy_head.forward(policy_params, actions, log_std, lp, ent)
 

@@ -62,6 +62,14 @@ class EnvSpec:
             return None
         return np.asarray(self.action_low, dtype=np.int32)
 
+    @property
+    def action_mask_columns(self) -> slice | None:
+        """The flattened observation's columns holding the action mask (action_mask), or None without one."""
+        if not self.action_mask:
+            return None
+        first, count = self.action_mask
+        return slice(first, first + count)
+
     def action_mask_note(self) -> str | None:
         """What the run does with a Dict's "action_mask" entry, for its first line; None without one."""
         size = dict(self.obs_dict).get(ACTION_MASK_KEY)

@@ -76,7 +76,7 @@ class ActorCritic(nn.Module):
         # several discrete choices: one categorical per choice over its slice of the logits (EnvSpec.action_nvec)
         self.action_nvec = tuple(spec.action_nvec) or None
         # the observation's columns that say which actions are allowed (EnvSpec.action_mask), or None
-        self.action_mask = slice(spec.action_mask[0], sum(spec.action_mask)) if spec.action_mask else None
+        self.action_mask = spec.action_mask_columns
         encoder = resolve_encoder(cfg, spec)
         self.normalizer = ObsNormalizer(spec.obs_shape) if cfg.normalize_obs else None
 

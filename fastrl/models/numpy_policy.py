@@ -28,6 +28,13 @@ NATIVE_WIDE = 16  # layers at least this wide keep (in, out) weights in the nati
 MASKED_LOGIT = -1e9
 
 
+def forbidden_actions(obs_rows: np.ndarray, mask_columns: slice) -> np.ndarray:
+    """[B, A] True where the action mask in `mask_columns` of observations [B, D] forbids the action: read from the
+    observation as it came, before normalisation, with ActorCritic._masked's and the C++ kernel's > 0.5 (a NaN
+    forbids). NumpyPolicy's forward and the learner's native gradient chain both call this."""
+    return ~(obs_rows[:, mask_columns] > 0.5)
+
+
 def unsupported_reason(cfg, spec) -> str | None:
     """Why this model cannot act in numpy (None: it can). `cfg` is a Config, `spec` an EnvSpec."""
     from fastrl.config.checks import resolve_encoder
@@ -72,8 +79,7 @@ class NumpyPolicy:
         self._act_mlp = fastrl_ext._acting.act_mlp if self.native else None
         self.plan = self.block = None  # the network as _acting takes it (load, pack_native)
         self.discrete = spec.discrete
-        # the observation's columns that say which actions are allowed (EnvSpec.action_mask), as ActorCritic's
-        self.mask = slice(spec.action_mask[0], sum(spec.action_mask)) if spec.action_mask else None
+        self.mask = spec.action_mask_columns  # the observation's columns that say which actions are allowed
         self.act_fn = np.tanh if activation == "tanh" else (lambda x: np.maximum(x, 0.0, out=x))
         self.names = {name for name, _, _ in layout}
         self.actor_layers = self._layer_names("actor_encoder")
@@ -256,9 +262,7 @@ class NumpyPolicy:
         params += p["policy_head.bias"]
         values = (h_v @ p["value_head.weight"])[:, 0] + p["value_head.bias"][0]
         if self.mask is not None:
-            # read from the observation as it came, before normalisation, as ActorCritic._masked reads it
-            allowed = obs.reshape(obs.shape[0], -1)[:, self.mask] > 0.5
-            params[~allowed] = MASKED_LOGIT
+            params[forbidden_actions(obs.reshape(obs.shape[0], -1), self.mask)] = MASKED_LOGIT
         return params, values
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -131,6 +131,7 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
         obs_dict = dict_layout(obs_space)
     except ValueError as e:
         raise EnvError(f"{env_id}: observation space {obs_space} cannot be used: {e}") from None
+    obs_one_hot = ()
     if obs_dict is not None:
         obs_shape, obs_dtype = (sum(size for _, size in obs_dict),), np.dtype(np.float32)
     elif isinstance(obs_space, gym.spaces.Box):
@@ -138,13 +139,12 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
         obs_dtype = np.dtype(np.float32) if np.issubdtype(obs_space.dtype, np.floating) else np.dtype(obs_space.dtype)
     elif isinstance(obs_space, gym.spaces.Discrete):
         obs_shape, obs_dtype = (int(obs_space.n),), np.dtype(np.float32)
+        obs_one_hot = (int(obs_space.n), int(obs_space.start))
     else:
         raise EnvError(f"{env_id}: observation space {obs_space} is not a Box, a Discrete or a Dict of them; "
                        "fastrl supports array observations")
     layout = dict(frames_per_env_step=frames_per_env_step, obs_channels_last=stores_channels_last(obs_shape),
-                  obs_dict=obs_dict or ())
-    if isinstance(obs_space, gym.spaces.Discrete):
-        layout["obs_one_hot"] = (int(obs_space.n), int(obs_space.start))
+                  obs_dict=obs_dict or (), obs_one_hot=obs_one_hot)
     if len(obs_shape) == 3:
         layout["image_scale"] = _image_scale(obs_space)
     choices = _discrete_choices(act_space)

@@ -43,7 +43,9 @@ def test_serial_mode_is_bit_reproducible(tmp_path, variant):
     # the native loop calls the shared envpool's recv itself
     ("cartpole", ("--set", "sampler.num_splits=2", "--set", "sampler.env_pool=per_worker")),
     ("mujoco_halfcheetah", ("--set", "run.train_for_env_steps=30000")),  # clipped float64 actions, scaled rewards
-], ids=["cartpole", "cartpole_2_splits", "cartpole_shared_envpool", "halfcheetah"])
+    # a Dict observation flattened by the split, its action mask applied by the kernel the loop acts with
+    ("cartpole", ("--set", "env.id=Knapsack-v1")),
+], ids=["cartpole", "cartpole_2_splits", "cartpole_shared_envpool", "halfcheetah", "knapsack_masked"])
 def test_native_rollout_steps_train_bit_for_bit_as_the_python_steps(tmp_path, preset, overrides):
     """fastrl_ext._rollout runs the steps between slot boundaries; pump every step (its reference)."""
     native = _losses(tmp_path, "native", *overrides, preset=preset)

@@ -29,6 +29,11 @@ HALFCHEETAH = EnvSpec("HalfCheetah-v5", "envpool", (17,), np.dtype(np.float32), 
 SMALL_DISCRETE = EnvSpec("Discrete-v0", "envpool", (4,), np.dtype(np.float32), True, 3)
 # observation columns 2..6 hold an action mask of its 5 actions (> 0.5: allowed), as a Dict's "action_mask" flattens
 MASKED_DISCRETE = EnvSpec("Masked-v0", "envpool", (9,), np.dtype(np.float32), True, 5, action_mask=(2, 5))
+# two discrete choices at once, of 3 and 4 options (EnvSpec.action_nvec), from 6 observations
+TWO_CHOICES = EnvSpec("Choices-v0", "envpool", (6,), np.dtype(np.float32), True, 7, (0, 0), action_nvec=(3, 4))
+# the same choices with a mask over all 7 logits in observation columns 1..7 (Connector's one row per agent)
+MASKED_CHOICES = EnvSpec("MaskedChoices-v0", "envpool", (10,), np.dtype(np.float32), True, 7, (0, 0),
+                         action_nvec=(3, 4), action_mask=(1, 7))
 
 
 def load_bench_script(name: str):

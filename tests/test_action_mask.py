@@ -108,6 +108,12 @@ def test_numpy_acting_and_the_native_gradient_take_masked_policies():
     assert NativeGradient.supported(ActorCritic(spec, ModelConfig(hidden_sizes=[8])), cfg.algo, object())
 
 
+class LargestUniform:
+    """A numpy Generator whose uniforms are all the largest float32 below 1."""
+    def random(self, shape, dtype):
+        return np.full(shape, np.nextafter(np.float32(1), np.float32(0)), dtype=dtype)
+
+
 @pytest.mark.parametrize("native", [False, True], ids=["numpy", "fastrl_ext"])
 def test_numpy_and_native_acting_never_pick_what_the_mask_forbids(native):
     """NumpyPolicy.act in numpy and in fastrl_ext's kernel, the largest uniform below 1 included: the forbidden
@@ -125,16 +131,37 @@ def test_numpy_and_native_acting_never_pick_what_the_mask_forbids(native):
     allowed = torch.tensor([[1, 0, 1, 0], [0, 0, 0, 1], [0, 1, 1, 0]] * 1000, dtype=torch.bool)
     obs = observations(spec, allowed).numpy()
 
-    class LargestUniform:
-        """A numpy Generator whose uniforms are all the largest float32 below 1."""
-        def random(self, shape, dtype):
-            return np.full(shape, np.nextafter(np.float32(1), np.float32(0)), dtype=dtype)
-
     for rng in (np.random.default_rng(1), LargestUniform()):
         actions, log_probs, _ = policy.act(obs, rng)
         assert allowed.numpy()[np.arange(len(actions)), actions].all()
         assert np.isfinite(log_probs).all() and (log_probs[1::3] == 0).all()
     assert set(actions[0::3].tolist()) == {2} and set(policy.act(obs, np.random.default_rng(2))[0][0::3]) == {0, 2}
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["numpy", "fastrl_ext"])
+def test_each_of_several_choices_is_drawn_among_what_its_mask_row_allows(native):
+    """Connector's layout: one mask row per choice, as many entries as the choices' logits together."""
+    import fastrl_ext
+
+    from fastrl.models.numpy_policy import NumpyPolicy
+
+    if native and fastrl_ext._acting is None:
+        pytest.skip("fastrl_ext is not built")
+    spec = masked_spec(gym.spaces.MultiDiscrete([3, 3]), (2, 3))
+    torch.manual_seed(0)
+    policy = NumpyPolicy.from_module(ActorCritic(spec, ModelConfig(hidden_sizes=[16])), spec, "tanh", native)
+    assert policy.native == native
+    allowed = torch.tensor([[1, 0, 1, 0, 1, 0], [0, 0, 1, 1, 1, 1]] * 1000, dtype=torch.bool)
+    obs = observations(spec, allowed).numpy()
+    by_choice = allowed.numpy().reshape(-1, 2, 3)
+    for rng in (np.random.default_rng(1), LargestUniform()):
+        actions, log_probs, _ = policy.act(obs, rng)
+        assert actions.shape == (2000, 2)
+        assert by_choice[np.arange(2000)[:, None], np.arange(2)[None, :], actions].all()
+        assert np.isfinite(log_probs).all()
+    # a choice with one option left takes it; one with two takes either
+    assert set(actions[0::2, 1].tolist()) == {1} and set(actions[1::2, 0].tolist()) == {2}
+    assert set(policy.act(obs, np.random.default_rng(2))[0][0::2, 0].tolist()) == {0, 2}
 
 
 def test_the_kernel_refuses_a_mask_outside_the_observation():

@@ -109,19 +109,22 @@ def test_samples_follow_each_choices_softmax_and_carry_their_log_prob():
     torch.testing.assert_close(model.mode(logits), torch.tensor([[0, 0]]))
 
 
-def test_the_native_paths_that_draw_one_categorical_step_aside():
-    """fastrl_ext's categorical draw, the numpy actor and the native gradient chain know one categorical
-    only: with several choices the policy acts and learns in torch, and a config asking for numpy is told
-    why."""
+def test_numpy_acting_and_the_native_gradient_take_several_choices():
+    """The numpy actor, fastrl_ext's acting kernel and the native gradient chain draw and differentiate several
+    choices (tests/test_numpy_policy.py and test_native_gradient.py hold them to torch); fastrl_ext's draw after
+    a torch forward (an inference worker's) knows one categorical only, so there they are drawn in torch."""
+    import fastrl_ext
     from fastrl.algo.native_gradient import NativeGradient
+    from fastrl.models import native_mlp
     from fastrl.models.numpy_policy import acting_backend, unsupported_reason
     from fastrl.workers.acting import native_categorical_draw
 
     cfg = Config()
-    spec = spec_for(gym.spaces.MultiDiscrete([3, 4]))
+    spec, one = spec_for(gym.spaces.MultiDiscrete([3, 4])), spec_for(gym.spaces.Discrete(3))
     assert native_categorical_draw(cfg, spec) is None
-    assert native_categorical_draw(cfg, spec_for(gym.spaces.Discrete(3))) is not None
-    assert unsupported_reason(cfg, spec) == "several discrete choices per action are drawn in torch"
-    assert acting_backend(cfg, spec) == "torch"
-    model = ActorCritic(spec, ModelConfig(hidden_sizes=[8]))
-    assert not NativeGradient.supported(model, cfg.algo, object())
+    assert native_categorical_draw(cfg, one) is not None
+    assert unsupported_reason(cfg, spec) is None and acting_backend(cfg, spec) == "numpy"
+    # wherever the chain runs for one categorical: the extension built, its layers used on this CPU
+    expected = native_mlp.pays() and fastrl_ext._policy_head is not None
+    assert [NativeGradient.supported(ActorCritic(s, ModelConfig(hidden_sizes=[8])), cfg.algo, object())
+            for s in (spec, one)] == [expected, expected]

@@ -1,8 +1,8 @@
 """algo.native_gradient: a minibatch's APPO loss and gradient as a chain of fastrl_ext calls, against
 torch's autograd through the same model (the reference).
 
-- fastrl_ext._policy_head: categorical and Gaussian log-probs and entropies, and the gradient of any
-  weighted sum of them, against ActorCritic.log_prob / entropy under autograd;
+- fastrl_ext._policy_head: categorical (one choice or several) and Gaussian log-probs and entropies, and the
+  gradient of any weighted sum of them, against ActorCritic.log_prob / entropy under autograd;
 - one trajectory or sample minibatch through the trainer: the loss, its statistics and every parameter's
   gradient against the autograd path, with off-policy ratios, episode ends, invalid samples, a value clip,
   an entropy bonus, advantage normalisation on and off;
@@ -43,14 +43,21 @@ def _head_reference(spec: EnvSpec, params: torch.Tensor, actions: torch.Tensor, 
 @pytest.mark.parametrize("rows", [1, 5, 64, 257])
 @pytest.mark.parametrize("kind,width,action_dtype", [
     ("categorical", 2, torch.int32), ("categorical", 7, torch.int64), ("gaussian", 1, torch.float32),
-    ("gaussian", 6, torch.float32)])
+    ("gaussian", 6, torch.float32), ("choices", 7, torch.int32), ("choices", 10, torch.int64)])
 def test_policy_head_matches_autograd(rows, kind, width, action_dtype):
     gen = torch.Generator().manual_seed(rows * 10 + width)
     params = (torch.randn(rows, width, generator=gen) * 2).requires_grad_()
+    choices = None
     if kind == "categorical":
         spec = EnvSpec("Tiny-discrete", "envpool", (3,), np.dtype(np.float32), True, width)
         actions = torch.randint(0, width, (rows,), generator=gen).to(action_dtype)
         log_std = None
+    elif kind == "choices":  # several categoricals, each over its slice of the logits
+        nvec = {7: (3, 4), 10: (2, 6, 2)}[width]
+        spec = EnvSpec("Tiny-choices", "envpool", (3,), np.dtype(np.float32), True, width, (0,) * len(nvec),
+                       action_nvec=nvec)
+        actions = torch.stack([torch.randint(0, n, (rows,), generator=gen) for n in nvec], -1).to(action_dtype)
+        log_std, choices = None, np.asarray(nvec, np.int64)
     else:
         spec = EnvSpec("Tiny-box", "envpool", (3,), np.dtype(np.float32), False, width, (-1.0,) * width,
                        (1.0,) * width)
@@ -62,13 +69,13 @@ def test_policy_head_matches_autograd(rows, kind, width, action_dtype):
 
     lp, ent = np.empty(rows, np.float32), np.empty(rows, np.float32)
     log_std_array = None if log_std is None else model.log_std.detach().numpy()
-    _policy_head.forward(params.detach().numpy(), actions.numpy(), log_std_array, lp, ent)
+    _policy_head.forward(params.detach().numpy(), actions.numpy(), log_std_array, lp, ent, choices)
     np.testing.assert_allclose(lp, lp_ref.detach().numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ent, ent_ref.detach().numpy(), rtol=1e-5, atol=1e-5)
     g_params = np.full((rows, width), np.nan, np.float32)  # every element written
     g_log_std = None if log_std is None else np.full(width, np.nan, np.float32)
     _policy_head.backward(params.detach().numpy(), actions.numpy(), log_std_array, g_lp.numpy(), g_ent.numpy(),
-                          g_params, g_log_std)
+                          g_params, g_log_std, choices)
     np.testing.assert_allclose(g_params, params.grad.numpy(), rtol=1e-5, atol=1e-5)
     if log_std is not None:
         np.testing.assert_allclose(g_log_std, model.log_std.grad.numpy(), rtol=1e-4, atol=1e-4)
@@ -97,6 +104,31 @@ def test_policy_head_rejects_what_it_cannot_read():
                               np.zeros(3, np.float32))
     with pytest.raises(TypeError, match="float32"):
         _policy_head.forward(params.astype(np.float64), np.zeros(4, np.int32), None, lp, ent)
+
+
+@needs_native
+def test_policy_head_rejects_choices_it_cannot_read():
+    params, lp, ent = np.zeros((4, 7), np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32)
+    choices, actions = np.array([3, 4], np.int64), np.array([[0, 3], [2, 0], [1, 1], [0, 2]], np.int32)
+    _policy_head.forward(params, actions, None, lp, ent, choices)
+    np.testing.assert_allclose(lp, -np.log(12.0), rtol=1e-6)  # uniform: 1/3 * 1/4
+    np.testing.assert_allclose(ent, np.log(12.0), rtol=1e-6)
+    # 3 is inside the row's 7 logits but outside the first choice's 3 options
+    with pytest.raises(IndexError, match="outside the logits"):
+        _policy_head.forward(params, np.array([[0, 3], [3, 0], [1, 1], [0, 2]], np.int32), None, lp, ent, choices)
+    with pytest.raises(IndexError, match="outside the logits"):
+        _policy_head.backward(params, np.array([[0, 4], [2, 0], [1, 1], [0, 2]], np.int64), None, lp, ent,
+                              np.zeros_like(params), None, choices)
+    with pytest.raises(ValueError, match="8 options for 7 logits"):
+        _policy_head.forward(params, actions, None, lp, ent, np.array([3, 5], np.int64))
+    with pytest.raises(ValueError, match="at least 2 options"):
+        _policy_head.forward(params, actions, None, lp, ent, np.array([1, 6], np.int64))
+    with pytest.raises(TypeError, match="choices must be int64"):
+        _policy_head.forward(params, actions, None, lp, ent, np.array([3, 4], np.int32))
+    with pytest.raises(ValueError, match="4 actions for 4 rows of 2 choices"):
+        _policy_head.forward(params, actions[:, 0].copy(), None, lp, ent, choices)
+    with pytest.raises(ValueError, match="Gaussian head has no choices"):
+        _policy_head.forward(params, np.zeros((4, 7), np.float32), np.zeros(7, np.float32), lp, ent, choices)
 
 
 def _trainers(preset: str, overrides: list[str]) -> tuple[list[APPOTrainer], dict]:
@@ -147,6 +179,8 @@ def _one_minibatch(trainer: APPOTrainer, batch: dict):
     ("configs/cartpole.yaml", ["model.activation=relu", "model.hidden_sizes=[32]", "algo.vtrace_lambda=0.9"]),
     # an observed action mask (random observations: some rows allow nothing, some actions taken are forbidden)
     ("configs/cartpole.yaml", ["env.id=custom_env:FastrlTestMasked-v0", "algo.entropy_coef=0.02"]),
+    # two discrete choices at once (a MultiDiscrete of 3 and 4 options)
+    ("configs/cartpole.yaml", ["env.id=custom_env:FastrlTestTwoChoices-v0", "algo.entropy_coef=0.02"]),
 ])
 def test_a_minibatch_loss_and_gradient_match_autograd(preset, overrides):
     (native, reference), batch = _trainers(preset, overrides)

@@ -18,6 +18,7 @@ from fastrl.models.numpy_policy import NumpyPolicy, acting_backend, unsupported_
 from helpers import ROOT, run_tests_under_isa
 from helpers import SMALL_DISCRETE as DISCRETE
 from helpers import MASKED_DISCRETE as MASKED
+from helpers import MASKED_CHOICES, TWO_CHOICES
 from helpers import HALFCHEETAH as CONTINUOUS  # an MLP at HalfCheetah's shape
 from helpers import PONG as IMAGE  # frame stacks: the Nature CNN
 
@@ -67,12 +68,15 @@ VARIANTS = [
     (CONTINUOUS, ["model.activation=relu", "model.shared_encoder=true", "model.init_log_std=-0.5"]),
     # the mask read from the observation as it came, not as the normaliser leaves it
     (MASKED, ["model.activation=tanh", "model.shared_encoder=false", "model.normalize_obs=true"]),
+    # several choices: one categorical per slice of the logits, with and without a mask over them all
+    (TWO_CHOICES, ["model.activation=relu", "model.shared_encoder=false"]),
+    (MASKED_CHOICES, ["model.activation=tanh", "model.shared_encoder=true", "model.normalize_obs=true"]),
 ]
+VARIANT_IDS = ["cat-tanh-separate", "cat-relu-shared-3layers", "gauss-tanh-normalized", "gauss-relu-shared",
+               "cat-masked-normalized", "choices-relu", "choices-masked-shared"]
 
 
-@pytest.mark.parametrize("spec, overrides", VARIANTS, ids=["cat-tanh-separate", "cat-relu-shared-3layers",
-                                                          "gauss-tanh-normalized", "gauss-relu-shared",
-                                                          "cat-masked-normalized"])
+@pytest.mark.parametrize("spec, overrides", VARIANTS, ids=VARIANT_IDS)
 def test_forward_and_log_probs_match_actor_critic(spec, overrides):
     model, policy = _model_and_policy(spec, *overrides)
     obs = (np.random.default_rng(1).standard_normal((37, *spec.obs_shape)) * 3).astype(np.float32)
@@ -99,6 +103,24 @@ def test_categorical_samples_follow_the_softmax():
     freq = np.bincount(actions, minlength=3) / len(actions)
     np.testing.assert_allclose(freq, probs, atol=0.01)  # 5 sigma of a 40k-sample frequency is ~0.012
     np.testing.assert_allclose(log_probs, np.log(probs)[actions], rtol=1e-5)
+
+
+def test_several_choices_are_drawn_each_from_its_softmax_independently():
+    _, policy = _model_and_policy(TWO_CHOICES, "model.activation=tanh")
+    logits = np.array([[2.0, 0.5, -1.0, 0.0, 1.0, -0.5, 0.3]], dtype=np.float32)
+    actions, log_probs = policy.sample(logits.repeat(40_000, axis=0), np.random.default_rng(3))
+    assert actions.shape == (40_000, 2)
+    probs = []
+    for c, (lo, hi) in enumerate([(0, 3), (3, 7)]):
+        p = np.exp(logits[0, lo:hi] - logits[0, lo:hi].max())
+        probs.append(p / p.sum())
+        freq = np.bincount(actions[:, c], minlength=hi - lo) / len(actions)
+        np.testing.assert_allclose(freq, probs[c], atol=0.01)  # 5 sigma of a 40k-sample frequency is ~0.012
+    np.testing.assert_allclose(log_probs, np.log(probs[0])[actions[:, 0]] + np.log(probs[1])[actions[:, 1]],
+                               rtol=1e-5)
+    # independent: each joint frequency is the product of the two
+    joint = np.bincount(actions[:, 0] * 4 + actions[:, 1], minlength=12) / len(actions)
+    np.testing.assert_allclose(joint, np.outer(probs[0], probs[1]).reshape(-1), atol=0.01)
 
 
 def test_gaussian_samples_have_the_policys_mean_and_std():
@@ -169,9 +191,7 @@ def test_native_load_gathers_what_pack_native_packs(spec, overrides):
 
 
 @needs_native
-@pytest.mark.parametrize("spec, overrides", NATIVE_VARIANTS, ids=["cat-tanh-separate", "cat-relu-shared-3layers",
-                                                                 "gauss-tanh-normalized", "gauss-relu-shared",
-                                                                 "cat-masked-normalized", "gauss-tanh-80-17"])
+@pytest.mark.parametrize("spec, overrides", NATIVE_VARIANTS, ids=VARIANT_IDS + ["gauss-tanh-80-17"])
 def test_native_act_matches_the_numpy_reference(spec, overrides):
     _, policy = _model_and_policy(spec, *overrides)
     native = _native_twin(policy)
@@ -252,6 +272,34 @@ def test_native_act_refuses_bad_inputs_before_writing():
             assert (a == -7).all() and (lp == -7).all() and (v == -7).all()
 
 
+@needs_native
+def test_native_act_refuses_choices_that_do_not_fit_the_head():
+    """The plan's choices (its last entries) must add up to the head's logits, each of 2 to 64 options, and
+    the uniforms and actions must be one per choice."""
+    import fastrl_ext
+
+    _, policy = _model_and_policy(TWO_CHOICES, "model.activation=tanh")
+    native = _native_twin(policy)
+    act = fastrl_ext._acting.act_mlp
+    assert native.plan[7] == 2 and native.plan[-2:].tolist() == [3, 4]
+    obs, u = np.zeros((5, 6), np.float32), np.full((5, 2), 0.5, np.float32)
+    outs = lambda: (np.full((5, 2), -7, np.int64), np.full(5, -7, np.float32), np.full(5, -7, np.float32))  # noqa: E731
+    a, lp, v = outs()
+    act(native.plan, native.block, obs, u, a, lp, v)
+    assert (a != -7).all() and (lp != -7).all()
+    calls = [(([3, 5], u, None), "do not add up"), (([1, 6], u, None), "2 to 64 options"),
+             (([65, -58], u, None), "2 to 64 options"),
+             (([3, 4], u[:, :1].copy(), None), "random must be"),              # one uniform per row
+             (([3, 4], u, np.full(5, -7, np.int64)), "actions must be")]       # one action per row
+    for (choices, uniforms, actions), message in calls:
+        plan = native.plan.copy()
+        plan[-2:] = choices
+        a, lp, v = outs()
+        with pytest.raises(ValueError, match=message):
+            act(plan, native.block, obs, uniforms, a if actions is None else actions, lp, v)
+        assert (a == -7).all() and (lp == -7).all() and (v == -7).all()
+
+
 def test_native_acting_off_or_unbuilt_uses_the_numpy_reference():
     _, policy = _model_and_policy(DISCRETE, "model.activation=tanh")
     assert not policy.native and policy.plan is None
@@ -272,8 +320,8 @@ def test_every_compiled_variant_matches_the_reference(isa):
 
 
 @needs_native
-@pytest.mark.parametrize("spec, overrides", [NATIVE_VARIANTS[i] for i in (0, 2, 4, 5)],
-                         ids=["cat", "gauss-normalized", "cat-masked", "gauss-80-17"])
+@pytest.mark.parametrize("spec, overrides", [NATIVE_VARIANTS[i] for i in (0, 2, 4, 6, 7)],
+                         ids=["cat", "gauss-normalized", "cat-masked", "choices-masked", "gauss-80-17"])
 def test_acting_into_slot_cells_writes_what_act_returns(spec, overrides):
     """A rollout worker's forward writes straight into its slot's cells (categorical actions int32
     there): the same values as `act`, from the same draws; and nothing drawn when it cannot."""
@@ -281,7 +329,8 @@ def test_acting_into_slot_cells_writes_what_act_returns(spec, overrides):
     native = _native_twin(policy)
     obs = (np.random.default_rng(1).standard_normal((32, *spec.obs_shape)) * 3).astype(np.float32)
     ref = native.act(obs, np.random.default_rng(9))
-    cells = (np.zeros(32, np.int32) if spec.discrete else np.zeros((32, spec.num_actions), np.float32),
+    action_shape = (32, len(spec.action_nvec)) if spec.multi_discrete else 32 if spec.discrete else (32, spec.num_actions)
+    cells = (np.zeros(action_shape, np.int32 if spec.discrete else np.float32),
              np.zeros(32, np.float32), np.zeros(32, np.float32))
     assert native.act_into(obs, np.random.default_rng(9), *cells)
     for r, g in zip(ref, cells):

@@ -45,7 +45,10 @@ def test_serial_mode_is_bit_reproducible(tmp_path, variant):
     ("mujoco_halfcheetah", ("--set", "run.train_for_env_steps=30000")),  # clipped float64 actions, scaled rewards
     # a Dict observation flattened by the split, its action mask applied by the kernel the loop acts with
     ("cartpole", ("--set", "env.id=Knapsack-v1")),
-], ids=["cartpole", "cartpole_2_splits", "cartpole_shared_envpool", "halfcheetah", "knapsack_masked"])
+    # several discrete choices (two agents' moves), [T, N, 2] actions and two uniforms per env step, masked
+    ("cartpole", ("--set", "env.id=LevelBasedForaging-v0")),
+], ids=["cartpole", "cartpole_2_splits", "cartpole_shared_envpool", "halfcheetah", "knapsack_masked",
+        "foraging_choices"])
 def test_native_rollout_steps_train_bit_for_bit_as_the_python_steps(tmp_path, preset, overrides):
     """fastrl_ext._rollout runs the steps between slot boundaries; pump every step (its reference)."""
     native = _losses(tmp_path, "native", *overrides, preset=preset)

@@ -11,8 +11,8 @@ straight into the parameters' `.grad` (views of the flat gradient, fastrl.algo.f
 The same math as the autograd path, to float rounding (tests/test_native_gradient.py holds the loss and every
 gradient to it). Taken only where that path would run the same layers natively: an fp32 MLP actor and critic
 with model.native_mlp's layers, algo.native_loss and native_vtrace, a flat gradient, one minibatch per
-weights on one thread, one categorical (an observed action mask included) or a Gaussian; anything else
-(several discrete choices) keeps autograd.
+weights on one thread, a categorical (one choice or several, an observed action mask included) or a Gaussian
+head; anything else keeps autograd.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ class NativeGradient:
                                   cfg.normalize_advantages)
         self._grad_arrays: tuple[np.ndarray, list[tuple]] | None = None
         self._scratch: dict[tuple[int, int], _Scratch] = {}
+        # several choices' numbers of options, as _policy_head takes them; None for one categorical or a Gaussian
+        self.choices = None if model.action_nvec is None else np.asarray(model.action_nvec, dtype=np.int64)
 
     @staticmethod
     def supported(model: ActorCritic, cfg: AlgoConfig, flat: FlatParams | None) -> bool:
@@ -51,7 +53,7 @@ class NativeGradient:
         return (cfg.native_gradient and cfg.native_loss and cfg.native_vtrace and flat is not None
                 and _policy_head is not None and _mlp is not None and _appo_loss is not None and _vtrace is not None
                 and _optim is not None
-                and model.native_nets is not None and not model.bf16 and model.action_nvec is None
+                and model.native_nets is not None and not model.bf16
                 and len(model.native_nets.acts) == 2
                 and cfg.minibatches_per_weights == 1)
 
@@ -114,13 +116,13 @@ class NativeGradient:
         _mlp.forward(x, critic, critic_hs, critic_act)
         policy_params, values = actor_hs[-1][:n], critic_hs[-1].reshape(rows)
         log_std = None if self.model.discrete else self.model.log_std.detach().numpy()
-        actions = _array(mb["actions"], (n, -1) if log_std is not None else (n,))
+        actions = _array(mb["actions"], (n, -1) if log_std is not None or self.choices is not None else (n,))
         lp, ent = scratch.lp, scratch.ent
         forbidden = None
         if self.model.action_mask is not None:
             forbidden = forbidden_actions(_array(mb["obs"], (rows, -1))[:n], self.model.action_mask)
             policy_params[forbidden] = MASKED_LOGIT
-        _policy_head.forward(policy_params, actions, log_std, lp, ent)
+        _policy_head.forward(policy_params, actions, log_std, lp, ent, self.choices)
 
         old_lp = _array(mb["log_probs"], (n,))
         if traj_shape is None:
@@ -136,7 +138,8 @@ class NativeGradient:
         log_std_grad = None
         if log_std is not None:
             log_std_grad = self.model.log_std.grad.numpy()
-        _policy_head.backward(policy_params, actions, log_std, g_lp, g_ent, scratch.g_params[:n], log_std_grad)
+        _policy_head.backward(policy_params, actions, log_std, g_lp, g_ent, scratch.g_params[:n], log_std_grad,
+                              self.choices)
         if forbidden is not None:
             # as masked_fill's backward: a forbidden logit is a constant, whatever the head's gradient there (an
             # action drawn where its row allowed nothing, or a batch's action the mask now forbids)

@@ -9,8 +9,9 @@ logits or Gaussian mean, value and log-prob; tests/test_numpy_policy.py holds it
 on random weights and inputs.
 
 It covers what fastrl's MLP models are: an MLP encoder (tanh or relu), shared or separate for
-the critic, optional observation normalisation, a categorical or state-independent Gaussian head,
-an observed action mask (EnvSpec.action_mask) on the categorical's logits, all in fp32 on the CPU.
+the critic, optional observation normalisation, a categorical head (one choice, or several drawn
+independently from their slices of the logits: EnvSpec.action_nvec) or a state-independent Gaussian
+one, an observed action mask (EnvSpec.action_mask) on the logits, all in fp32 on the CPU.
 `unsupported_reason` says why anything else needs torch.
 """
 
@@ -46,8 +47,6 @@ def unsupported_reason(cfg, spec) -> str | None:
         return f"model.encoder resolves to {encoder}; only MLP encoders act in numpy"
     if resolve_precision(m.precision, cfg.system.device) != "fp32":
         return "model.precision resolves to bf16; numpy acts in fp32 only"
-    if spec.multi_discrete:
-        return "several discrete choices per action are drawn in torch"
     if cfg.system.device != "cpu":
         return f"system.device={cfg.system.device}; numpy acts on the CPU"
     return None
@@ -79,6 +78,7 @@ class NumpyPolicy:
         self._act_mlp = fastrl_ext._acting.act_mlp if self.native else None
         self.plan = self.block = None  # the network as _acting takes it (load, pack_native)
         self.discrete = spec.discrete
+        self.nvec = tuple(spec.action_nvec)  # several choices' numbers of options; () for one categorical
         self.mask = spec.action_mask_columns  # the observation's columns that say which actions are allowed
         self.act_fn = np.tanh if activation == "tanh" else (lambda x: np.maximum(x, 0.0, out=x))
         self.names = {name for name, _, _ in layout}
@@ -199,9 +199,7 @@ class NumpyPolicy:
             slices["std"] = derived(dims[1])
             slices["log_prob_const"] = derived(1)
             tail[2], tail[3] = slices["std"].start, slices["log_prob_const"].start
-        self.plan = np.asarray([*dims, int(self.discrete), int(self.activation != "tanh"), int(self.normalized),
-                                len(self.actor_layers), len(self.critic_layers), *(v for row in layers for v in row),
-                                *tail, self._mask_column], dtype=np.int64)
+        self.plan = self._plan(dims, layers, tail)
         return np.concatenate(parts), slices
 
     def pack_native(self) -> tuple[np.ndarray, np.ndarray]:
@@ -227,15 +225,16 @@ class NumpyPolicy:
         tail = [put(p["normalizer.mean"]) if self.normalized else -1,
                 put(p["normalizer.inv_std"]) if self.normalized else -1,
                 -1 if self.discrete else put(p["std"]), -1 if self.discrete else put(p["log_prob_const"])]
-        plan = [*dims, int(self.discrete), int(self.activation != "tanh"), int(self.normalized),
-                len(self.actor_layers), len(self.critic_layers), *(v for row in layers for v in row), *tail,
-                self._mask_column]
-        return np.asarray(plan, dtype=np.int64), np.concatenate(parts)
+        return self._plan(dims, layers, tail), np.concatenate(parts)
 
-    @property
-    def _mask_column(self) -> int:
-        """The plan's last entry: the action mask's first observation column, -1 without one."""
-        return -1 if self.mask is None else self.mask.start
+    def _plan(self, dims: tuple, layers: list[list[int]], tail: list[int]) -> np.ndarray:
+        """The plan (fastrl_ext/src/acting_plan.h) from the (D, A) dims, each layer's row and the four
+        offsets of the tail: the header, the layers, the tail, the action mask's first observation column
+        (-1 without one), then each choice's number of options (none for one categorical or a Gaussian)."""
+        mask_column = -1 if self.mask is None else self.mask.start
+        return np.asarray([*dims, int(self.discrete), int(self.activation != "tanh"), int(self.normalized),
+                           len(self.actor_layers), len(self.critic_layers), len(self.nvec),
+                           *(v for row in layers for v in row), *tail, mask_column, *self.nvec], dtype=np.int64)
 
     @property
     def obs_dim(self) -> int:
@@ -270,7 +269,8 @@ class NumpyPolicy:
         in one native call; both draw the same random numbers from `rng`."""
         if self._act_mlp is not None:
             B = obs.shape[0]
-            out = (np.empty(B, dtype=np.int64) if self.discrete else np.empty((B, int(self.plan[1])), dtype=np.float32),
+            out = (np.empty((B, len(self.nvec)) if self.nvec else B, dtype=np.int64) if self.discrete
+                   else np.empty((B, int(self.plan[1])), dtype=np.float32),
                    np.empty(B, dtype=np.float32), np.empty(B, dtype=np.float32))
             if self.act_into(obs, rng, *out):
                 return out
@@ -281,29 +281,47 @@ class NumpyPolicy:
     def act_into(self, obs: np.ndarray, rng: np.random.Generator, actions: np.ndarray, log_probs: np.ndarray,
                  values: np.ndarray) -> bool:
         """`act`, its results written straight into the given arrays (a trajectory slot's cells: int32
-        or int64 categorical actions); False, with nothing drawn or written, where only `act` can."""
+        or int64 categorical actions, [B] or [B, choices]); False, with nothing drawn or written, where only
+        `act` can."""
         if self._act_mlp is None or obs.dtype != np.float32 or not obs.flags.c_contiguous:
             return False
         self._act_mlp(self.plan, self.block, obs, self._random(obs.shape[0], rng), actions, log_probs, values)
         return True
 
     def _random(self, B: int, rng: np.random.Generator) -> np.ndarray:
-        """What `sample` draws for B observations: a uniform each, or a normal per action dimension."""
+        """What `sample` draws for B observations: a uniform per choice, or a normal per action dimension."""
         if self.discrete:
-            return rng.random((B, 1), dtype=np.float32)
+            return rng.random((B, len(self.nvec) or 1), dtype=np.float32)
         return rng.standard_normal((B, int(self.plan[1])), dtype=np.float32)
 
     def sample(self, params: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """(actions, their log-probabilities) drawn from the policy at `params`."""
+        """(actions, their log-probabilities) drawn from the policy at `params`: several choices are
+        independent categoricals over their slices of the logits, their log-probabilities summed."""
         if self.discrete:
-            z = params - params.max(axis=1, keepdims=True)
-            cdf = np.cumsum(np.exp(z), axis=1)  # unnormalised: its last column is the softmax's denominator
-            log_p = z - np.log(cdf[:, -1:])
-            u = rng.random((params.shape[0], 1), dtype=np.float32) * cdf[:, -1:]
-            actions = np.minimum((cdf <= u).sum(axis=1), params.shape[1] - 1)
-            return actions, log_p[np.arange(params.shape[0]), actions]
+            u = self._random(params.shape[0], rng)
+            if not self.nvec:
+                return _categorical(params, u)
+            actions = np.empty((params.shape[0], len(self.nvec)), dtype=np.int64)
+            log_probs = np.zeros(params.shape[0], dtype=np.float32)
+            start = 0
+            for c, n in enumerate(self.nvec):
+                actions[:, c], log_p = _categorical(params[:, start:start + n], u[:, c:c + 1])
+                log_probs += log_p  # in float32, choice after choice, as the C++ kernel adds them
+                start += n
+            return actions, log_probs
         noise = rng.standard_normal(params.shape, dtype=np.float32)
         actions = params + self.p["std"] * noise
         # z = (a - mean) / std is the noise itself
         log_probs = -0.5 * np.einsum("ij,ij->i", noise, noise) + self.p["log_prob_const"]
         return actions, log_probs.astype(np.float32, copy=False)
+
+
+def _categorical(logits: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(actions [B], log-probabilities [B]) of one categorical per row of `logits` [B, n], each drawn with its
+    uniform in `u` [B, 1]: the action is the number of cumulative sums of exp(z) at or below u * sum(exp(z))
+    (at most n - 1), z = logits - max(logits); fastrl_ext's kernel draws with the same formula."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    cdf = np.cumsum(np.exp(z), axis=1)  # unnormalised: its last column is the softmax's denominator
+    log_p = z - np.log(cdf[:, -1:])
+    actions = np.minimum((cdf <= u * cdf[:, -1:]).sum(axis=1), logits.shape[1] - 1)
+    return actions, log_p[np.arange(logits.shape[0]), actions]

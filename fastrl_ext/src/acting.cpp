@@ -9,6 +9,8 @@
 //   masked:      params_j = MASKED_LOGIT where the observation's mask column j is not > 0.5 (plan's mask_column)
 //   categorical: z = params - max(params); log_p = z - log(sum(exp z)); the action is the number of
 //                cumulative sums of exp z that are <= u * sum(exp z) (at most A - 1), u ~ U[0, 1)
+//   several choices (plan's n_1 .. n_K): that draw on each choice's slice of the logits with its own u,
+//                actions [K] per row, their log_p added in float32 choice after choice
 //   Gaussian:    action = params + std * noise;  log_prob = -0.5 * sum(noise^2) + log_prob_const
 // The random numbers (u, or the noise) come from the caller's numpy Generator, so both paths draw the
 // same stream. Each W is a contiguous (in, out) matrix, as NumpyPolicy keeps it, except the narrow
@@ -39,13 +41,13 @@ using View = fastrl_ext::BufferView;
 using fastrl_ext::tanh_row;
 using fastrl_ext::acting::Layer;
 using fastrl_ext::acting::MASKED_LOGIT;
+using fastrl_ext::acting::MAX_CATEGORIES;
 using fastrl_ext::acting::Net;
 using fastrl_ext::acting::fail;
 using fastrl_ext::acting::read_plan;
 using fastrl_ext::acting::refuse;
 
 constexpr float NORM_CLIP = 10.0f;
-constexpr int64_t MAX_CATEGORIES = 64;  // the head's cumulative sums live on the stack
 
 enum Arg { PLAN, PARAMS, OBS, RANDOM, ACTIONS, LOG_PROBS, VALUES, NUM_ARGS };
 const char* const NAMES[NUM_ARGS] = {"plan", "params", "obs", "random", "actions", "log_probs", "values"};
@@ -171,8 +173,19 @@ __attribute__((always_inline)) inline void act_rows(const Net& net, const float*
             const float* allowed = o + net.mask_column;
             for (int64_t j = 0; j < A; ++j) head[j] = allowed[j] > 0.5f ? head[j] : MASKED_LOGIT;
         }
-        if (net.discrete) {
+        if (net.discrete && net.choices.empty()) {
             categorical_row(head, A, random[i], &actions_i[i], &log_probs[i]);
+        } else if (net.discrete) {
+            const int64_t K = static_cast<int64_t>(net.choices.size());
+            const float* logits = head;
+            float log_prob = 0.0f;
+            for (int64_t c = 0; c < K; ++c) {
+                float choice_log_prob;
+                categorical_row(logits, net.choices[c], random[i * K + c], &actions_i[i * K + c], &choice_log_prob);
+                log_prob += choice_log_prob;
+                logits += net.choices[c];
+            }
+            log_probs[i] = log_prob;
         } else {
             const float* noise = random + i * A;
             float sq = 0.0f;
@@ -226,23 +239,25 @@ int act_net(const Net& net, const float* obs, int64_t obs_items, const float* ra
         PyErr_Format(PyExc_TypeError, "act_mlp: %s has the wrong dtype", NAMES[ACTIONS]);
         return -1;
     }
-    if (net.discrete && net.A > MAX_CATEGORIES) return refuse("more than 64 discrete actions");
+    if (net.discrete && net.choices.empty() && net.A > MAX_CATEGORIES) return refuse("more than 64 discrete actions");
     if (obs_items != B * net.D) return refuse("obs is not [B, D] for the network's D and values' B");
     if (log_prob_items != B) return refuse("log_probs must hold B values");
-    const int64_t per_action = net.discrete ? 1 : net.A;
-    if (action_items != B * per_action) return refuse("actions must be [B] (categorical) or [B, A] (Gaussian)");
-    if (random_items != B * per_action) return refuse("random must be [B] uniforms or [B, A] normals");
+    // a value per row for one categorical, one per choice for several, one per dimension for a Gaussian
+    const int64_t per_action = net.discrete ? std::max<int64_t>(1, static_cast<int64_t>(net.choices.size())) : net.A;
+    if (action_items != B * per_action)
+        return refuse("actions must be [B] (categorical), [B, K] (K choices) or [B, A] (Gaussian)");
+    if (random_items != B * per_action) return refuse("random must be [B] or [B, K] uniforms, or [B, A] normals");
     const bool int32_actions = int_action_bytes == 4;
     // the work rows live as long as the thread; resized only when a wider network arrives
     thread_local std::vector<float> work;
     if (static_cast<int64_t>(work.size()) < 6 * net.widest) work.resize(6 * net.widest);
     thread_local std::vector<int64_t> narrow;  // int64 actions before an int32 destination
-    if (int32_actions && static_cast<int64_t>(narrow.size()) < B) narrow.resize(B);
+    if (int32_actions && static_cast<int64_t>(narrow.size()) < B * per_action) narrow.resize(B * per_action);
     int64_t* actions_i = int32_actions ? narrow.data() : static_cast<int64_t*>(actions);
     act_batch(net, obs, random, B, actions_i, static_cast<float*>(actions), log_probs, values, work.data());
     if (int32_actions) {
         int32_t* out = static_cast<int32_t*>(actions);
-        for (int64_t i = 0; i < B; ++i) out[i] = static_cast<int32_t>(actions_i[i]);
+        for (int64_t i = 0; i < B * per_action; ++i) out[i] = static_cast<int32_t>(actions_i[i]);
     }
     return 0;
 }

@@ -2,11 +2,13 @@
 // check of every offset and shape against the params block (acting.cpp runs the network).
 //
 // `plan` (int64) describes the network inside the float32 `params` block:
-//   [D, A, discrete, relu, normalized, n_actor, n_critic,
+//   [D, A, discrete, relu, normalized, n_actor, n_critic, K,
 //    (in, out, w_offset, b_offset, by_output) for each actor layer, each critic layer, the policy head and
 //    the value head (by_output: W stored (out, in), as torch keeps it, rather than (in, out)),
 //    mean_offset, inv_std_offset, std_offset, log_prob_const_offset,     (offsets: -1 where unused)
-//    mask_column]  (categorical: the first of the A observation columns that hold the action mask, -1 for none)
+//    mask_column,  (categorical: the first of the A observation columns that hold the action mask, -1 for none)
+//    n_1 .. n_K]   (several discrete choices: each one's number of options, summing to A; K = 0 for one
+//                   categorical over all A logits, or a Gaussian)
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -22,12 +24,13 @@ namespace fastrl_ext::acting {
 
 using View = BufferView;
 
-constexpr int HEADER = 7;
+constexpr int HEADER = 8;
 constexpr int PER_LAYER = 5;
 constexpr int TAIL = 5;
 // What a forbidden action's logit becomes: fastrl.models.actor_critic's MASKED_LOGIT (exp of it less any logit
 // a network gives is 0 in float32, and it stays finite so that 0 * log p is 0 in the entropy)
 constexpr float MASKED_LOGIT = -1e9f;
+constexpr int64_t MAX_CATEGORIES = 64;  // options per categorical choice at most: the draw's sums live on the stack
 
 struct Layer {
     int64_t in, out;
@@ -44,6 +47,7 @@ struct Net {
     const float *mean = nullptr, *inv_std = nullptr, *std_dev = nullptr;
     float log_prob_const = 0.0f;
     int64_t mask_column = -1;  // obs columns mask_column .. + A - 1 hold the action mask (> 0.5: allowed)
+    std::vector<int64_t> choices;  // several discrete choices' numbers of options; empty: one categorical over A
     int64_t widest = 0;
 };
 
@@ -76,8 +80,9 @@ inline bool read_plan(const View& plan, const View& params, Net& net) {
     net.discrete = p[2] != 0;
     net.relu = p[3] != 0;
     net.normalized = p[4] != 0;
-    const int64_t n_actor = p[5], n_critic = p[6];
-    if (net.D <= 0 || net.A <= 0 || n_actor < 0 || n_critic < 0 || n != HEADER + PER_LAYER * (n_actor + n_critic + 2) + TAIL) {
+    const int64_t n_actor = p[5], n_critic = p[6], K = p[7];
+    if (net.D <= 0 || net.A <= 0 || n_actor < 0 || n_critic < 0 || K < 0 ||
+        n != HEADER + PER_LAYER * (n_actor + n_critic + 2) + TAIL + K) {
         PyErr_SetString(PyExc_ValueError, "act_mlp: plan does not describe a network");
         return false;
     }
@@ -120,7 +125,7 @@ inline bool read_plan(const View& plan, const View& params, Net& net) {
         return false;
     }
     net.widest = std::max({net.widest, net.D, net.A});
-    const int64_t* tail = p + n - TAIL;
+    const int64_t* tail = p + n - TAIL - K;
     if (net.normalized && !(at(tail[0], net.D, &net.mean) && at(tail[1], net.D, &net.inv_std))) {
         PyErr_SetString(PyExc_ValueError, "act_mlp: normaliser outside params");
         return false;
@@ -136,6 +141,19 @@ inline bool read_plan(const View& plan, const View& params, Net& net) {
     net.mask_column = tail[4];
     if (net.mask_column != -1 && (!net.discrete || net.mask_column < 0 || net.mask_column + net.A > net.D)) {
         PyErr_SetString(PyExc_ValueError, "act_mlp: the action mask's columns lie outside the observation");
+        return false;
+    }
+    net.choices.assign(tail + TAIL, tail + TAIL + K);
+    int64_t options = 0;
+    for (const int64_t c : net.choices) {
+        if (c < 2 || c > MAX_CATEGORIES) {
+            PyErr_SetString(PyExc_ValueError, "act_mlp: a discrete choice needs 2 to 64 options");
+            return false;
+        }
+        options += c;
+    }
+    if (K > 0 && (!net.discrete || options != net.A)) {
+        PyErr_SetString(PyExc_ValueError, "act_mlp: the choices' options do not add up to the categorical's logits");
         return false;
     }
     return true;

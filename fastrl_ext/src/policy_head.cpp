@@ -1,12 +1,15 @@
 // fastrl_ext._policy_head: the policy distribution's log-probabilities and entropies, and their gradients,
 // in one call each, for the learner's minibatch gradient without autograd (fastrl.algo.native_gradient).
 //
-//   forward(params, actions, log_std, lp, ent)
-//   backward(params, actions, log_std, g_lp, g_ent, g_params, g_log_std)
+//   forward(params, actions, log_std, lp, ent[, choices])
+//   backward(params, actions, log_std, g_lp, g_ent, g_params, g_log_std[, choices])
 //
 // Categorical (log_std None): params are logits l [N, K], actions int32 or int64 [N], p = softmax(l):
 //   lp_i = l_i[a_i] - logsumexp(l_i)                 ent_i = -sum_k p_ik log p_ik
 //   d lp_i / d l_ik = [k == a_i] - p_ik              d ent_i / d l_ik = -p_ik (log p_ik + ent_i)
+// Several choices (`choices`: int64 [C], each one's number of options, summing to K): actions [N, C], and
+// each choice c is that categorical on its slice of the logits; lp_i and ent_i are the choices' sums (in
+// float32, choice after choice), and each slice's gradient is its own choice's, with ent_i there its ent_ic.
 // Gaussian (log_std [A]): params are means mu [N, A], actions float32 [N, A], z = (a - mu) / exp(log_std):
 //   lp_i = sum_j (-z_ij^2 / 2 - log_std_j - log sqrt(2 pi))     ent_i = sum_j (log_std_j + 1/2 + log sqrt(2 pi))
 //   d lp_i / d mu_ij = z_ij / exp(log_std_j)   d lp_i / d log_std_j = z_ij^2 - 1   d ent_i / d log_std_j = 1
@@ -30,7 +33,29 @@ struct Head {
     const void* actions = nullptr;
     bool actions_int64 = false;   // categorical actions: int64, else int32
     const float* log_std = nullptr;  // null: categorical
+    std::vector<Py_ssize_t> choices;  // several categorical choices' numbers of options; empty: one over `width`
 };
+
+// Reads the optional `choices` (None, or int64 [C] with 2 or more options each summing to the logits' width)
+// into head.choices, before parse_head checks the actions against them; false with an error set.
+bool parse_choices(Head& head, View& v, PyObject* choices, const char* caller) {
+    if (choices == Py_None) return true;
+    if (!v.get(choices, false, caller, "choices")) return false;
+    const char kind = v.kind();
+    if ((kind != 'l' && kind != 'q') || v.buf.itemsize != 8) {
+        PyErr_Format(PyExc_TypeError, "%s: choices must be int64", caller);
+        return false;
+    }
+    const long long* n = static_cast<const long long*>(v.buf.buf);
+    for (Py_ssize_t c = 0; c < v.items(); ++c) {
+        if (n[c] < 2) {
+            PyErr_Format(PyExc_ValueError, "%s: a choice needs at least 2 options", caller);
+            return false;
+        }
+        head.choices.push_back(static_cast<Py_ssize_t>(n[c]));
+    }
+    return true;
+}
 
 // Fills `head` from (params, actions, log_std), the views held in v[0..2]; false with an error set.
 bool parse_head(Head& head, View* v, PyObject* params, PyObject* actions, PyObject* log_std, const char* caller) {
@@ -51,11 +76,24 @@ bool parse_head(Head& head, View* v, PyObject* params, PyObject* actions, PyObje
             return false;
         }
         head.actions_int64 = v[1].buf.itemsize == 8;
-        if (v[1].items() != head.N) {
-            PyErr_Format(PyExc_ValueError, "%s: %zd actions for %zd rows", caller, v[1].items(), head.N);
+        Py_ssize_t options = 0;
+        for (const Py_ssize_t n : head.choices) options += n;
+        if (!head.choices.empty() && options != head.width) {
+            PyErr_Format(PyExc_ValueError, "%s: the choices have %zd options for %zd logits", caller, options,
+                         head.width);
+            return false;
+        }
+        const Py_ssize_t per_row = head.choices.empty() ? 1 : static_cast<Py_ssize_t>(head.choices.size());
+        if (v[1].items() != head.N * per_row) {
+            PyErr_Format(PyExc_ValueError, "%s: %zd actions for %zd rows of %zd choices", caller, v[1].items(), head.N,
+                         per_row);
             return false;
         }
         return true;
+    }
+    if (!head.choices.empty()) {
+        PyErr_Format(PyExc_ValueError, "%s: a Gaussian head has no choices (pass None)", caller);
+        return false;
     }
     if (v[1].kind() != 'f' || v[1].items() != head.N * head.width) {
         PyErr_Format(PyExc_ValueError, "%s: Gaussian actions must be float32 [%zd, %zd]", caller, head.N, head.width);
@@ -81,12 +119,12 @@ bool row_view(View& v, PyObject* obj, bool writable, Py_ssize_t N, const char* c
     return true;
 }
 
-// The action of row i, checked against the logits' width (an out-of-range index is an error, not a read
+// Action number i, checked against its choice's `options` (an out-of-range index is an error, not a read
 // past the row); -1 when out of range.
-Py_ssize_t action_at(const Head& h, Py_ssize_t i) {
+Py_ssize_t action_at(const Head& h, Py_ssize_t i, Py_ssize_t options) {
     const long long a = h.actions_int64 ? static_cast<const long long*>(h.actions)[i]
                                         : static_cast<const int*>(h.actions)[i];
-    return a >= 0 && a < h.width ? static_cast<Py_ssize_t>(a) : -1;
+    return a >= 0 && a < options ? static_cast<Py_ssize_t>(a) : -1;
 }
 
 // Row i's log-softmax into logp[0..K), returning its entropy.
@@ -106,16 +144,23 @@ float log_softmax_row(const float* l, Py_ssize_t K, float* logp) {
     return ent;
 }
 
-// fn(i, a, logp, ent) for each row i of a categorical head, with its action a, its log-softmax logp and its
-// entropy; false at the first action out of range.
+// fn(i, offset, options, a, logp, ent) for each row i of a categorical head and each of its choices (the whole
+// row for one categorical): the choice's first logit and number of options, its action a, its log-softmax
+// logp [options] and its entropy; false at the first action out of range.
 template <typename Fn>
-bool each_categorical_row(const Head& h, Fn fn) {
+bool each_categorical_choice(const Head& h, Fn fn) {
     std::vector<float> logp(static_cast<size_t>(h.width));
+    const Py_ssize_t C = h.choices.empty() ? 1 : static_cast<Py_ssize_t>(h.choices.size());
     for (Py_ssize_t i = 0; i < h.N; ++i) {
-        const Py_ssize_t a = action_at(h, i);
-        if (a < 0) return false;
-        const float ent = log_softmax_row(h.params + i * h.width, h.width, logp.data());
-        fn(i, a, logp.data(), ent);
+        Py_ssize_t offset = 0;
+        for (Py_ssize_t c = 0; c < C; ++c) {
+            const Py_ssize_t options = h.choices.empty() ? h.width : h.choices[c];
+            const Py_ssize_t a = action_at(h, i * C + c, options);
+            if (a < 0) return false;
+            const float ent = log_softmax_row(h.params + i * h.width + offset, options, logp.data());
+            fn(i, offset, options, a, logp.data(), ent);
+            offset += options;
+        }
     }
     return true;
 }
@@ -123,9 +168,11 @@ bool each_categorical_row(const Head& h, Fn fn) {
 bool forward(const Head& h, float* lp, float* ent) {
     const Py_ssize_t N = h.N, W = h.width;
     if (h.log_std == nullptr) {
-        return each_categorical_row(h, [&](Py_ssize_t i, Py_ssize_t a, const float* logp, float row_ent) {
-            ent[i] = row_ent;
-            lp[i] = logp[a];
+        return each_categorical_choice(h, [&](Py_ssize_t i, Py_ssize_t offset, Py_ssize_t, Py_ssize_t a,
+                                              const float* logp, float choice_ent) {
+            // the first choice sets the row's sums, each further one adds to them
+            ent[i] = offset == 0 ? choice_ent : ent[i] + choice_ent;
+            lp[i] = offset == 0 ? logp[a] : lp[i] + logp[a];
         });
     }
     const float* actions = static_cast<const float*>(h.actions);
@@ -152,9 +199,10 @@ bool forward(const Head& h, float* lp, float* ent) {
 bool backward(const Head& h, const float* g_lp, const float* g_ent, float* g_params, float* g_log_std) {
     const Py_ssize_t N = h.N, W = h.width;
     if (h.log_std == nullptr) {
-        return each_categorical_row(h, [&](Py_ssize_t i, Py_ssize_t a, const float* logp, float ent) {
-            float* g = g_params + i * W;
-            for (Py_ssize_t k = 0; k < W; ++k) {
+        return each_categorical_choice(h, [&](Py_ssize_t i, Py_ssize_t offset, Py_ssize_t options, Py_ssize_t a,
+                                              const float* logp, float ent) {
+            float* g = g_params + i * W + offset;
+            for (Py_ssize_t k = 0; k < options; ++k) {
                 const float p = std::exp(logp[k]);
                 g[k] = -g_lp[i] * p - g_ent[i] * p * (logp[k] + ent);
             }
@@ -188,13 +236,14 @@ PyObject* out_of_range(const char* caller) {
 
 PyObject* py_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     static const char* caller = "policy_head.forward";
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "forward(params, actions, log_std, lp, ent) takes 5 arguments");
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "forward(params, actions, log_std, lp, ent[, choices]) takes 5 or 6 arguments");
         return nullptr;
     }
     Head head;
-    View v[5];
-    if (!parse_head(head, v, args[0], args[1], args[2], caller) ||
+    View v[6];
+    if (!parse_choices(head, v[5], nargs == 6 ? args[5] : Py_None, caller) ||
+        !parse_head(head, v, args[0], args[1], args[2], caller) ||
         !row_view(v[3], args[3], true, head.N, caller, "lp") || !row_view(v[4], args[4], true, head.N, caller, "ent"))
         return nullptr;
     bool ok;
@@ -205,14 +254,15 @@ PyObject* py_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyObject* py_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     static const char* caller = "policy_head.backward";
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "backward(params, actions, log_std, g_lp, g_ent, g_params, g_log_std) takes 7 arguments");
+    if (nargs != 7 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "backward(params, actions, log_std, g_lp, g_ent, g_params, g_log_std"
+                                         "[, choices]) takes 7 or 8 arguments");
         return nullptr;
     }
     Head head;
-    View v[7];
-    if (!parse_head(head, v, args[0], args[1], args[2], caller) ||
+    View v[8];
+    if (!parse_choices(head, v[7], nargs == 8 ? args[7] : Py_None, caller) ||
+        !parse_head(head, v, args[0], args[1], args[2], caller) ||
         !row_view(v[3], args[3], false, head.N, caller, "g_lp") ||
         !row_view(v[4], args[4], false, head.N, caller, "g_ent") ||
         !row_view(v[5], args[5], true, head.N * head.width, caller, "g_params"))
@@ -235,10 +285,11 @@ PyObject* py_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyMethodDef methods[] = {
     {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_forward)), METH_FASTCALL,
-     "forward(params, actions, log_std, lp, ent): each row's log-probability of its action into lp and its "
-     "entropy into ent; categorical logits when log_std is None, else Gaussian means with that log-std."},
+     "forward(params, actions, log_std, lp, ent[, choices]): each row's log-probability of its action into lp and "
+     "its entropy into ent; categorical logits when log_std is None (several choices, each over its slice, when "
+     "choices gives their numbers of options), else Gaussian means with that log-std."},
     {"backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_backward)), METH_FASTCALL,
-     "backward(params, actions, log_std, g_lp, g_ent, g_params, g_log_std): the gradient of "
+     "backward(params, actions, log_std, g_lp, g_ent, g_params, g_log_std[, choices]): the gradient of "
      "sum(g_lp * lp + g_ent * ent) w.r.t. params into g_params, and (Gaussian) w.r.t. log_std into g_log_std."},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -53,8 +53,8 @@ struct Group {
 
 // The slots' actions, as the loop reads them to send
 struct Acting {
-    const void* actions = nullptr;  // [S, T, N] int32 or [S, T, N, A] float32
-    Py_ssize_t per_action = 1;      // 1 (categorical) or A (Gaussian)
+    const void* actions = nullptr;  // [S, T, N] or [S, T, N, K] int32 (K choices), or [S, T, N, A] float32
+    Py_ssize_t per_action = 1;      // 1 (categorical), K (several choices) or A (Gaussian)
     bool int_actions = false;
 };
 
@@ -201,8 +201,8 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!a.int_actions && !(ak == 'f' && act_v.buf.itemsize == 4)) return refuse("slot actions must be int32 or float32"), nullptr;
     a.per_action = act_v.buf.ndim == 4 ? act_v.dim(3) : 1;
     a.actions = act_v.buf.buf;
-    if (act_v.dim(0) != S || act_v.dim(1) != T || act_v.dim(2) != N || (a.int_actions && act_v.buf.ndim != 3))
-        return refuse("slot actions must be [slots, T, N] or [slots, T, N, A]"), nullptr;
+    if (act_v.buf.ndim < 3 || act_v.buf.ndim > 4 || act_v.dim(0) != S || act_v.dim(1) != T || act_v.dim(2) != N)
+        return refuse("slot actions must be [slots, T, N] or [slots, T, N, K or A]"), nullptr;
     for (int i : {S_LOG_PROBS, S_VALUES, S_VERSION}) {
         if (slot_views[i].items() != S * T * N) return refuse("log_probs, values and policy_version must be [slots, T, N]"), nullptr;
     }
@@ -230,7 +230,7 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const int64_t* published_seq = static_cast<const int64_t*>(seq_v.buf.buf);
     if (!random.get(args[L_RANDOM], false, "run_steps", "random")) return nullptr;
     if (random.kind() != 'f' || random.items() != n_steps * N * a.per_action)
-        return refuse("random must be float32, n_steps * N * (1 or A) numbers"), nullptr;
+        return refuse("random must be float32, n_steps * N * (1, K or A) numbers"), nullptr;
     const float *low = nullptr, *high = nullptr;
     if (args[L_ACTION_LOW] != Py_None) {
         if (a.int_actions || !low_v.get(args[L_ACTION_LOW], false, "run_steps", "action_low") ||

@@ -12,35 +12,53 @@ import torch
 
 from fastrl.buffers import ShmAllocator, SharedWeights
 from fastrl.config import load_config
+from fastrl.config.schema import ModelConfig
+from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
 from fastrl.models.numpy_policy import NumpyPolicy
 from helpers import PONG as IMAGE
+from helpers import TWO_CHOICES
 
 fastrl_ext = pytest.importorskip("fastrl_ext")
 pytestmark = pytest.mark.skipif(fastrl_ext._acting is None, reason="fastrl_ext not built")
 
 
-def _draw(logits: np.ndarray, uniforms: np.ndarray, action_dtype=np.int32):
-    actions = np.full(logits.shape[0], -1, dtype=action_dtype)
+def _draw(logits: np.ndarray, uniforms: np.ndarray, action_dtype=np.int32, choices=None):
+    actions = np.full(uniforms.shape, -1, dtype=action_dtype)
     log_probs = np.full(logits.shape[0], np.nan, dtype=np.float32)
-    fastrl_ext._acting.sample_categorical(logits, uniforms, actions, log_probs)
+    if choices is None:
+        fastrl_ext._acting.sample_categorical(logits, uniforms, actions, log_probs)
+    else:
+        fastrl_ext._acting.sample_categorical(logits, uniforms, actions, log_probs, np.asarray(choices, np.int64))
     return actions, log_probs
 
 
-@pytest.mark.parametrize("num_actions", [1, 2, 6, 18, 64])
+def _numpy_reference(actions) -> NumpyPolicy:
+    """A NumpyPolicy over `actions` (a number: one categorical; a tuple: several choices' options), for its
+    sample."""
+    nvec = actions if isinstance(actions, tuple) else ()
+    spec = EnvSpec("Draw-v0", "envpool", (3,), np.dtype(np.float32), True, sum(nvec) or actions, (0,) * len(nvec),
+                   action_nvec=nvec)
+    return NumpyPolicy.from_module(ActorCritic(spec, ModelConfig(hidden_sizes=[4], native_mlp=False)), spec, "tanh")
+
+
+@pytest.mark.parametrize("num_actions", [1, 2, 6, 18, 64, (3, 4), (64, 2, 5)])
 @pytest.mark.parametrize("action_dtype", [np.int32, np.int64])
 def test_the_draw_matches_the_numpy_reference(num_actions, action_dtype):
-    """The same uniforms pick the same actions as NumpyPolicy.sample, with its log-probabilities."""
-    reference = SimpleNamespace(discrete=True)  # all NumpyPolicy.sample reads of its policy for a categorical
+    """The same uniforms pick the same actions as NumpyPolicy.sample, with its log-probabilities: one
+    categorical, or several choices each over its slice of the row."""
+    reference = _numpy_reference(num_actions)
+    choices = num_actions if isinstance(num_actions, tuple) else None
+    width = sum(choices) if choices else num_actions
     for seed in range(3):
-        logits = (np.random.default_rng(100 + seed).standard_normal((257, num_actions)) * 3).astype(np.float32)
-        want_actions, want_log_probs = NumpyPolicy.sample(reference, logits, np.random.default_rng(seed))
-        got_actions, got_log_probs = _draw(logits, np.random.default_rng(seed).random(257, dtype=np.float32),
-                                           action_dtype)
+        logits = (np.random.default_rng(100 + seed).standard_normal((257, width)) * 3).astype(np.float32)
+        want_actions, want_log_probs = reference.sample(logits, np.random.default_rng(seed))
+        uniforms = np.random.default_rng(seed).random((257, len(choices)) if choices else 257, dtype=np.float32)
+        got_actions, got_log_probs = _draw(logits, uniforms, action_dtype, choices)
         np.testing.assert_array_equal(got_actions, want_actions)
         np.testing.assert_allclose(got_log_probs, want_log_probs, rtol=1e-5, atol=1e-6)
-        if num_actions > 2:
-            assert len(set(got_actions.tolist())) > 2  # not trivially equal
+        if width > 2:
+            assert np.unique(got_actions).size > 2  # not trivially equal
 
 
 def test_the_draw_follows_the_softmax():
@@ -87,31 +105,49 @@ def test_the_draw_refuses_what_it_cannot_take():
         draw(np.zeros((4, 65), np.float32), ok_u, actions, log_probs)
     with pytest.raises(ValueError, match="must hold B items"):
         draw(ok_logits, np.zeros(3, np.float32), actions, log_probs)
-    with pytest.raises(TypeError, match="4 arguments"):
+    with pytest.raises(TypeError, match="4 or 5 arguments"):
         draw(ok_logits, ok_u, actions)
+    # several choices: their options must add up to the row, and each row takes a uniform and an action per choice
+    two_u, two_actions = np.zeros((4, 2), np.float32), np.zeros((4, 2), np.int32)
+    draw(ok_logits, two_u, two_actions, log_probs, np.array([1, 2], np.int64))
+    with pytest.raises(ValueError, match="do not add up"):
+        draw(ok_logits, two_u, two_actions, log_probs, np.array([2, 2], np.int64))
+    with pytest.raises(TypeError, match="choices must be int64"):
+        draw(ok_logits, two_u, two_actions, log_probs, np.array([1, 2], np.int32))
+    with pytest.raises(ValueError, match="B items per choice"):
+        draw(ok_logits, ok_u, two_actions, log_probs, np.array([1, 2], np.int64))
+    with pytest.raises(ValueError, match="B items per choice"):
+        draw(ok_logits, two_u, actions, log_probs, np.array([1, 2], np.int64))
 
 
-@pytest.mark.parametrize("native_acting", [True, False])
-def test_an_inference_forward_draws_into_the_cells_it_is_given(native_acting):
+@pytest.mark.parametrize("preset, spec, native_acting", [
+    ("configs/atari_pong.yaml", IMAGE, True), ("configs/atari_pong.yaml", IMAGE, False),
+    ("configs/cartpole.yaml", TWO_CHOICES, True)], ids=["one", "one_native_acting_off", "two_choices"])
+def test_an_inference_forward_draws_into_the_cells_it_is_given(preset, spec, native_acting):
     """TorchForward.act_into, as an inference worker calls it for two rollout groups: values equal
-    the forward's, each log-prob is log_softmax of the forward's logits at the drawn action, and the
-    rows land in their own group's cells. With system.native_acting=false it declines (the caller
-    then draws through torch)."""
+    the forward's, each log-prob is the policy's own (ActorCritic.log_prob) at the drawn actions, and the
+    rows land in their own group's cells: one categorical (the Pong CNN's), or two choices of 3 and 4
+    options, [rows, 2] actions drawn with a uniform per choice. With system.native_acting=false it declines
+    (the caller then draws through torch)."""
     from fastrl.workers.acting import TorchForward
 
-    cfg = load_config("configs/atari_pong.yaml", [f"system.native_acting={str(native_acting).lower()}"])
+    cfg = load_config(preset, [f"system.native_acting={str(native_acting).lower()}"])
     alloc = ShmAllocator()
     try:
         torch.manual_seed(0)
-        learner_net = ActorCritic(IMAGE, cfg.model)
+        learner_net = ActorCritic(spec, cfg.model)
         with torch.no_grad():
             learner_net.policy_head.weight.mul_(100.0)  # logits far from uniform, so the draws differ by row
         weights = SharedWeights.allocate(alloc, learner_net)
         weights.publish(learner_net, version=1)
-        forward = TorchForward(SimpleNamespace(cfg=cfg, spec=IMAGE, weights=weights), seed=0)
+        forward = TorchForward(SimpleNamespace(cfg=cfg, spec=spec, weights=weights), seed=0)
         assert forward.read(weights) == 1
-        obs = np.random.default_rng(0).integers(0, 256, (16, *IMAGE.obs_shape), dtype=np.uint8)
-        cells = np.full((2, 8), -1, np.int32), np.full((2, 8), np.nan, np.float32), np.full((2, 8), np.nan, np.float32)
+        rng = np.random.default_rng(0)
+        obs = (rng.integers(0, 256, (16, *spec.obs_shape), dtype=np.uint8) if spec.is_image
+               else rng.standard_normal((16, *spec.obs_shape)).astype(np.float32))
+        action_cell = (len(spec.action_nvec),) if spec.multi_discrete else ()
+        cells = (np.full((2, 8, *action_cell), -1, np.int32), np.full((2, 8), np.nan, np.float32),
+                 np.full((2, 8), np.nan, np.float32))
         targets = [(cells[0][g], cells[1][g], cells[2][g]) for g in range(2)]
         if not native_acting:
             assert not forward.act_into(obs, targets) and np.all(cells[0] == -1)
@@ -119,13 +155,14 @@ def test_an_inference_forward_draws_into_the_cells_it_is_given(native_acting):
         seen = set()
         for _ in range(4):
             assert forward.act_into(obs, targets)
+            actions = cells[0].reshape(16, *action_cell)
             with torch.inference_mode():
                 logits, values = forward._net()(torch.from_numpy(obs))
-            actions = cells[0].reshape(-1)
-            seen.update(actions.tolist())
+                want = forward.model.log_prob(logits, torch.from_numpy(actions))
+            assert ((actions >= 0) & (actions < np.asarray(spec.action_nvec or spec.num_actions))).all()
+            seen.update(actions.reshape(16, -1)[:, -1].tolist())
             np.testing.assert_array_equal(cells[2].reshape(-1), values.numpy())
-            want = torch.log_softmax(logits, -1).numpy()[np.arange(16), actions]
-            np.testing.assert_allclose(cells[1].reshape(-1), want, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(cells[1].reshape(-1), want.numpy(), rtol=1e-5, atol=1e-5)
         assert len(seen) > 1
     finally:
         alloc.unlink_all()

@@ -109,10 +109,11 @@ def test_samples_follow_each_choices_softmax_and_carry_their_log_prob():
     torch.testing.assert_close(model.mode(logits), torch.tensor([[0, 0]]))
 
 
-def test_numpy_acting_and_the_native_gradient_take_several_choices():
-    """The numpy actor, fastrl_ext's acting kernel and the native gradient chain draw and differentiate several
-    choices (tests/test_numpy_policy.py and test_native_gradient.py hold them to torch); fastrl_ext's draw after
-    a torch forward (an inference worker's) knows one categorical only, so there they are drawn in torch."""
+def test_the_native_paths_take_several_choices():
+    """The numpy actor, fastrl_ext's acting kernel, its draw after a torch forward (an inference worker's) and the
+    native gradient chain draw and differentiate several choices (tests/test_numpy_policy.py,
+    test_categorical_draw.py and test_native_gradient.py hold them to torch and numpy); before, each stepped
+    aside and the policy acted and learned in torch."""
     import fastrl_ext
     from fastrl.algo.native_gradient import NativeGradient
     from fastrl.models import native_mlp
@@ -121,8 +122,7 @@ def test_numpy_acting_and_the_native_gradient_take_several_choices():
 
     cfg = Config()
     spec, one = spec_for(gym.spaces.MultiDiscrete([3, 4])), spec_for(gym.spaces.Discrete(3))
-    assert native_categorical_draw(cfg, spec) is None
-    assert native_categorical_draw(cfg, one) is not None
+    assert native_categorical_draw(cfg, spec) is not None and native_categorical_draw(cfg, one) is not None
     assert unsupported_reason(cfg, spec) is None and acting_backend(cfg, spec) == "numpy"
     # wherever the chain runs for one categorical: the extension built, its layers used on this CPU
     expected = native_mlp.pays() and fastrl_ext._policy_head is not None

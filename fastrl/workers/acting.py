@@ -31,13 +31,20 @@ PACK_AFTER_FORWARDS = 3
 
 
 def native_categorical_draw(cfg, spec):
-    """fastrl_ext's `sample_categorical` where a torch policy's actions can be drawn by it (one categorical,
-    on the CPU, system.native_acting, the extension built), else None: torch's sample draws them."""
-    if not (spec.discrete and not spec.multi_discrete and cfg.system.device == "cpu" and cfg.system.native_acting):
+    """fastrl_ext's `sample_categorical` where a torch policy's actions can be drawn by it (categorical, on the
+    CPU, system.native_acting, the extension built), taking (logits, uniforms, actions, log_probs) and, for
+    several choices, told their options; else None: torch's sample draws them."""
+    if not (spec.discrete and cfg.system.device == "cpu" and cfg.system.native_acting):
         return None
     import fastrl_ext
 
-    return fastrl_ext._acting.sample_categorical if fastrl_ext._acting is not None else None
+    if fastrl_ext._acting is None:
+        return None
+    draw = fastrl_ext._acting.sample_categorical
+    if not spec.multi_discrete:
+        return draw
+    choices = np.asarray(spec.action_nvec, dtype=np.int64)
+    return lambda logits, uniforms, actions, log_probs: draw(logits, uniforms, actions, log_probs, choices)
 
 
 def forward_and_draw(net, obs: np.ndarray, draw, rng: np.random.Generator, targets: list) -> None:
@@ -49,7 +56,8 @@ def forward_and_draw(net, obs: np.ndarray, draw, rng: np.random.Generator, targe
     with torch.inference_mode():
         params, values = net(torch.from_numpy(obs))
     logits, values = np.ascontiguousarray(params.numpy()), values.numpy()
-    uniforms = rng.random(obs.shape[0], dtype=np.float32)
+    # a uniform per action cell: [B], or [B, K] for K choices (the cells' shape says which)
+    uniforms = rng.random((obs.shape[0], *targets[0][0].shape[1:]), dtype=np.float32)
     offset = 0
     for actions, log_probs, value_cells in targets:
         n = actions.shape[0]

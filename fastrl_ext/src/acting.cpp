@@ -291,15 +291,18 @@ PyObject* py_act_mlp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
-// sample_categorical(logits, random, actions, log_probs): the draw alone, for a policy whose forward ran
-// elsewhere (an inference worker's torch network): one row per sample of float32 logits [B, A], a uniform
-// each in `random` [B], written into int32 or int64 `actions` [B] (a trajectory slot's cells) and float32
-// `log_probs` [B]. Replaces torch's log_softmax, multinomial and gather (~30 us a call warm, ~8 tensors).
+// sample_categorical(logits, random, actions, log_probs[, choices]): the draw alone, for a policy whose forward
+// ran elsewhere (an inference worker's torch network): one row per sample of float32 logits [B, A], a uniform
+// per choice in `random` [B] or [B, K], written into int32 or int64 `actions` [B] or [B, K] (a trajectory
+// slot's cells) and float32 `log_probs` [B]. `choices` (int64 [K], each choice's options, summing to A): K
+// choices, each drawn from its slice of the row as act_mlp draws them; None or absent, one categorical.
+// Replaces torch's log_softmax, multinomial and gather (~30 us a call warm, ~8 tensors).
 PyObject* py_sample_categorical(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-    enum { LOGITS, UNIFORMS, OUT_ACTIONS, OUT_LOG_PROBS, N };
-    static const char* const names[N] = {"logits", "random", "actions", "log_probs"};
-    if (nargs != N) {
-        PyErr_SetString(PyExc_TypeError, "sample_categorical takes 4 arguments (logits, random, actions, log_probs)");
+    enum { LOGITS, UNIFORMS, OUT_ACTIONS, OUT_LOG_PROBS, CHOICES, N };
+    static const char* const names[N] = {"logits", "random", "actions", "log_probs", "choices"};
+    if (nargs != N - 1 && nargs != N) {
+        PyErr_SetString(PyExc_TypeError,
+                        "sample_categorical takes 4 or 5 arguments (logits, random, actions, log_probs[, choices])");
         return nullptr;
     }
     View v[N];
@@ -319,24 +322,54 @@ PyObject* py_sample_categorical(PyObject*, PyObject* const* args, Py_ssize_t nar
         return nullptr;
     }
     const int64_t B = v[LOGITS].dim(0), A = v[LOGITS].dim(1);
-    if (A < 1 || A > MAX_CATEGORIES) {
-        PyErr_SetString(PyExc_ValueError, "sample_categorical: logits need 1 to 64 actions");
-        return nullptr;
+    // each choice's options: the whole row for one categorical
+    std::vector<int64_t> options(1, A);
+    if (nargs == N && args[CHOICES] != Py_None) {
+        if (!v[CHOICES].get(args[CHOICES], false, "sample_categorical", names[CHOICES])) return nullptr;
+        const char ck = v[CHOICES].kind();
+        if ((ck != 'l' && ck != 'q') || v[CHOICES].buf.itemsize != 8) {
+            PyErr_SetString(PyExc_TypeError, "sample_categorical: choices must be int64");
+            return nullptr;
+        }
+        const int64_t* n = static_cast<const int64_t*>(v[CHOICES].buf.buf);
+        options.assign(n, n + v[CHOICES].items());
+        int64_t total = 0;
+        for (const int64_t c : options) total += c;
+        if (options.empty() || total != A) {
+            PyErr_SetString(PyExc_ValueError, "sample_categorical: the choices' options do not add up to the logits");
+            return nullptr;
+        }
     }
-    if (v[UNIFORMS].items() != B || v[OUT_ACTIONS].items() != B || v[OUT_LOG_PROBS].items() != B) {
-        PyErr_SetString(PyExc_ValueError, "sample_categorical: random, actions and log_probs must hold B items");
+    for (const int64_t c : options) {
+        if (c < 1 || c > MAX_CATEGORIES) {
+            PyErr_SetString(PyExc_ValueError, "sample_categorical: each choice needs 1 to 64 actions");
+            return nullptr;
+        }
+    }
+    const int64_t K = static_cast<int64_t>(options.size());
+    if (v[UNIFORMS].items() != B * K || v[OUT_ACTIONS].items() != B * K || v[OUT_LOG_PROBS].items() != B) {
+        PyErr_SetString(PyExc_ValueError,
+                        "sample_categorical: random and actions must hold B items per choice, log_probs B items");
         return nullptr;
     }
     const float* logits = static_cast<const float*>(v[LOGITS].buf.buf);
     const float* u = static_cast<const float*>(v[UNIFORMS].buf.buf);
     float* log_probs = static_cast<float*>(v[OUT_LOG_PROBS].buf.buf);
     for (int64_t i = 0; i < B; ++i) {
-        int64_t action;
-        categorical_row(logits + i * A, A, u[i], &action, &log_probs[i]);
-        if (action_bytes == 4)
-            static_cast<int32_t*>(v[OUT_ACTIONS].buf.buf)[i] = static_cast<int32_t>(action);
-        else
-            static_cast<int64_t*>(v[OUT_ACTIONS].buf.buf)[i] = action;
+        const float* row = logits + i * A;
+        float log_prob = 0.0f;
+        for (int64_t c = 0; c < K; ++c) {
+            int64_t action;
+            float choice_log_prob;
+            categorical_row(row, options[c], u[i * K + c], &action, &choice_log_prob);
+            log_prob += choice_log_prob;  // in float32, choice after choice, as act_mlp adds them
+            row += options[c];
+            if (action_bytes == 4)
+                static_cast<int32_t*>(v[OUT_ACTIONS].buf.buf)[i * K + c] = static_cast<int32_t>(action);
+            else
+                static_cast<int64_t*>(v[OUT_ACTIONS].buf.buf)[i * K + c] = action;
+        }
+        log_probs[i] = log_prob;
     }
     Py_RETURN_NONE;
 }
@@ -375,8 +408,9 @@ PyMethodDef methods[] = {
      "written into actions, log_probs and values."},
     {"sample_categorical", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_sample_categorical)),
      METH_FASTCALL,
-     "sample_categorical(logits, random, actions, log_probs): one categorical draw per row of float32 logits "
-     "[B, A] from uniforms [B], written into int32/int64 actions and float32 log_probs."},
+     "sample_categorical(logits, random, actions, log_probs[, choices]): one categorical draw per row of float32 "
+     "logits [B, A] from uniforms [B] (or one per choice of several, [B, K], each over its slice of the row), "
+     "written into int32/int64 actions and float32 log_probs."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_acting", "A small MLP policy's acting forward (fastrl_ext).", -1,

@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     _config_args(tune)
     tune.add_argument("--budget-s", type=float, default=600.0, help="total time for the search (default 600)")
     tune.add_argument("--trial-s", type=float, default=20.0, help="measuring time of one trial (default 20)")
+    tune.add_argument("--max-trials", type=int, default=None,
+                      help="end the search after this many trials, the preset's included, then confirm the best "
+                           "(default: as many as the budget allows)")
     tune.add_argument("--out", default="tune_out", help="folder for the overlay YAML, table and chart")
 
     ev = sub.add_parser("eval", help="play episodes with a run's checkpoint and report the return")
@@ -272,7 +275,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fastrl.bench.system import BenchInterrupted
     from fastrl.bench.tune import Tuner
 
-    tuner = Tuner(cfg, spec, args.config or [], args.overrides, args.budget_s, args.trial_s, Path(args.out), Progress())
+    if args.max_trials is not None and args.max_trials < 1:
+        return _one_line_error("--max-trials must be >= 1")
+    tuner = Tuner(cfg, spec, args.config or [], args.overrides, args.budget_s, args.trial_s, Path(args.out), Progress(),
+                  args.max_trials)
     interrupted_by = None
     try:
         tuner.run()

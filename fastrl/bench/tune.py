@@ -4,9 +4,11 @@ with short trials of the real training system.
 Only speed settings move: rollout workers, envs per worker, splits, envpool threads and whether a
 worker's splits share one envpool, inference workers, torch threads per process, and the batch size
 (flagged: it changes the size of each update, so it is reported as an algorithm change). Learning
-rate, clip, gamma and the rest are never touched. Pruning: a trial is cut at half time when it runs below PRUNE_BELOW of the best so
-far, and a direction that did not help (x2 worse) is not extended (x4 never tried). At the end
-the preset and the winner are measured again alternately, so the comparison is side by side.
+rate, clip, gamma and the rest are never touched. Pruning: a trial is cut at half time when it runs
+below PRUNE_BELOW of the best so far, and a direction that did not help (x2 worse) is not extended
+(x4 never tried). The search ends when the budget would not leave time to confirm, or after
+max_trials trials (the preset's included). At the end the preset and the winner are measured again
+alternately, so the comparison is side by side.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class Tuner:
     trial_s: float
     out_dir: Path
     progress: Progress
+    max_trials: int | None = None  # search trials at most, the preset's included (None: the budget decides)
     trials: list[Trial] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -163,7 +166,7 @@ class Tuner:
                     self.skipped.append(f"{Trial(changes, []).label}: {problems[0]}")
                     break
                 # keep time to confirm side by side: one round (preset and challenger) at least
-                if self._left_s() < self._expected_trial_s() * 3:
+                if self._left_s() < self._expected_trial_s() * 3 or len(self.trials) >= (self.max_trials or 1e9):
                     raise _BudgetSpent
                 trial = self._measure(changes, prune=True, phase="search")
                 self.trials.append(trial)
@@ -231,6 +234,7 @@ class Tuner:
         (self.out_dir / "tune_results.json").write_text(json.dumps(
             {"env_id": self.cfg.env.id, "config": self.config_paths, "overrides": self.overrides,
              "cores": self.cores, "trial_s": self.trial_s, "budget_s": self.budget_s,
+             "max_trials": self.max_trials,
              "best": {"changes": best.changes, "env_steps_per_s": best.rate, "measurements": best.rates},
              "preset": {"env_steps_per_s": base.rate, "measurements": base.rates},
              "trials": [{"changes": t.changes, "env_steps_per_s": t.rate, "measurements": t.rates,

@@ -300,6 +300,27 @@ def test_native_act_refuses_choices_that_do_not_fit_the_head():
         assert (a == -7).all() and (lp == -7).all() and (v == -7).all()
 
 
+@needs_native
+@pytest.mark.parametrize("options, takes_kernel", [((64,), True), ((100,), False), ((3, 64), True), ((100, 3), False)],
+                         ids=["64", "100", "choices-3-64", "choices-100-3"])
+def test_a_choice_wider_than_the_kernel_takes_acts_in_numpy(options, takes_kernel):
+    """fastrl_ext's draws keep a choice's sums on the stack, 64 options at most: a policy with a wider choice
+    acts in numpy, and an inference worker draws it in torch; before, the kernel refused it at the first step."""
+    from fastrl.workers.acting import native_categorical_draw
+
+    nvec = options if len(options) > 1 else ()
+    spec = EnvSpec("Wide-v0", "envpool", (4,), np.dtype(np.float32), True, sum(options), (0,) * len(nvec),
+                   action_nvec=nvec)
+    _, layout, flat, cfg = _published(spec, "model.activation=tanh")
+    policy = NumpyPolicy(layout, spec, "tanh", native=True)
+    policy.load(flat)
+    assert policy.native == takes_kernel
+    assert (native_categorical_draw(cfg, spec) is not None) == takes_kernel
+    actions, log_probs, _ = policy.act(np.ones((8, 4), np.float32), np.random.default_rng(0))
+    assert actions.shape == ((8, len(nvec)) if nvec else (8,)) and np.isfinite(log_probs).all()
+    assert (actions < np.asarray(options)).all()
+
+
 def test_native_acting_off_or_unbuilt_uses_the_numpy_reference():
     _, policy = _model_and_policy(DISCRETE, "model.activation=tanh")
     assert not policy.native and policy.plan is None

@@ -111,3 +111,19 @@ def test_learn_stage_with_two_threads_also_measures_one_for_the_bound():
     assert two > 0 and one > 0
     assert result["samples_per_core_s"] == pytest.approx(max(two, one), abs=0.1)
     assert result["torch_threads"] == 2
+
+
+@pytest.mark.parametrize("inference_workers", [0, 1], ids=["kernel_in_rollout", "inference_worker_draw"])
+def test_infer_stage_times_the_native_paths_for_several_choices(inference_workers):
+    """The infer stage acts as the workers would for two choices of 3 and 4 options: in fastrl_ext's kernel in
+    a rollout worker, or a torch forward and fastrl_ext's draw in an inference worker ([batch, 2] cells)."""
+    from fastrl.bench.components import bench_infer
+    from helpers import TWO_CHOICES
+
+    cfg = load_config(CARTPOLE, [f"sampler.num_inference_workers={inference_workers}"])
+    result = bench_infer(cfg, TWO_CHOICES, 0.5, lambda fraction, text: None).as_dict("samples")
+    if inference_workers == 0:
+        assert result["backend"] == "numpy" and result["native_acting"]
+    else:
+        assert result["backend"] == "torch" and result["native_draw"]
+    assert result["samples_per_core_s"] > 0

@@ -322,8 +322,10 @@ PyObject* py_sample_categorical(PyObject*, PyObject* const* args, Py_ssize_t nar
         return nullptr;
     }
     const int64_t B = v[LOGITS].dim(0), A = v[LOGITS].dim(1);
-    // each choice's options: the whole row for one categorical
-    std::vector<int64_t> options(1, A);
+    // each choice's options: the whole row for one categorical (kept by the thread: no allocation per call on
+    // an inference worker's path once it has grown)
+    thread_local std::vector<int64_t> options;
+    options.assign(1, A);
     if (nargs == N && args[CHOICES] != Py_None) {
         if (!v[CHOICES].get(args[CHOICES], false, "sample_categorical", names[CHOICES])) return nullptr;
         const char ck = v[CHOICES].kind();

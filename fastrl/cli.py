@@ -267,6 +267,8 @@ def _interrupting_signal(error: BaseException) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    if args.max_trials is not None and args.max_trials < 1:
+        return _one_line_error("--max-trials must be >= 1")
     loaded = _load(args.config, args.overrides)
     if isinstance(loaded, int):
         return loaded
@@ -275,8 +277,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fastrl.bench.system import BenchInterrupted
     from fastrl.bench.tune import Tuner
 
-    if args.max_trials is not None and args.max_trials < 1:
-        return _one_line_error("--max-trials must be >= 1")
     tuner = Tuner(cfg, spec, args.config or [], args.overrides, args.budget_s, args.trial_s, Path(args.out), Progress(),
                   args.max_trials)
     interrupted_by = None

@@ -98,6 +98,12 @@ def test_tune_writes_overlay_table_and_chart(tmp_path):
     assert run.leftover_children() == [] and run.leftover_segments() == []
 
 
+def test_tune_refuses_a_search_of_no_trials():
+    run = RunProcess("--config", CARTPOLE, "--max-trials", "0", command="tune")
+    assert run.wait(60) == 2, run.output
+    assert "--max-trials must be >= 1" in run.output
+
+
 def test_learn_stage_with_two_threads_also_measures_one_for_the_bound():
     import torch
 

@@ -151,7 +151,8 @@ def test_a_gymnasium_env_of_hwc_images_learns_and_its_eval_draws_them_in_colour(
     assert_clean(run)
 
 
-# one acting layout each: both act through the same TorchForward (and its native draw for one Discrete)
+# one acting layout each: an inference worker's TorchForward and fastrl_ext's draw (two choices), the rollout
+# workers' fastrl_ext kernel (a mask)
 @pytest.mark.parametrize("env_id, acting", [("FastrlTestTwoChoices-v0", "inference"),
                                             ("FastrlTestMasked-v0", "rollout")], ids=["two_choices", "masked"])
 def test_discrete_actions_beyond_one_plain_choice_learn_and_evaluate(tmp_path, env_id, acting):

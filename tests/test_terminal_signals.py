@@ -40,8 +40,16 @@ def _spawn_sleeper(ignoring: bool) -> mp.Process:
     if ignoring:
         with terminal_signals_ignored_from_birth():
             process.start()
-    else:
+        return process
+    # the control starts from the default dispositions even where the test runner itself ignores the signals:
+    # a background job of a shell without job control (`make test &` in a script) starts with SIGINT ignored,
+    # and a child inherits an ignored signal through exec (the first CI clone of stop 61 failed so)
+    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in TERMINAL_SIGNALS}
+    try:
         process.start()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return process
 
 

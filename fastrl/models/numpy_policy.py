@@ -27,9 +27,6 @@ NATIVE_WIDE = 16  # layers at least this wide keep (in, out) weights in the nati
 # a forbidden action's logit (ActorCritic imports it from here, and fastrl_ext/src/acting_plan.h repeats it):
 # exp(MASKED_LOGIT - any logit a network gives) is 0 in float32, and a finite value keeps 0 * log p at 0
 MASKED_LOGIT = -1e9
-# options of one categorical choice fastrl_ext's draws take at most (their sums live on the stack:
-# MAX_CATEGORIES in fastrl_ext/src/acting_plan.h); a policy with a wider choice draws in numpy or torch
-KERNEL_MAX_OPTIONS = 64
 
 
 def forbidden_actions(obs_rows: np.ndarray, mask_columns: slice) -> np.ndarray:
@@ -63,18 +60,11 @@ def acting_backend(cfg, spec) -> str:
     return choice
 
 
-def native_kernel(native_acting: bool, spec) -> bool:
-    """Whether a policy asked for fastrl_ext's kernel (system.native_acting) gets it: only where it is built,
-    and for a categorical head only where each choice has at most KERNEL_MAX_OPTIONS options."""
+def native_kernel(native_acting: bool) -> bool:
+    """Whether a policy asked for fastrl_ext's kernel (system.native_acting) gets it: only where it is built."""
     import fastrl_ext
 
-    return native_acting and fastrl_ext._acting is not None and kernel_draws(spec)
-
-
-def kernel_draws(spec) -> bool:
-    """Whether fastrl_ext's draws take this spec's actions: a Gaussian, or categorical choices of at most
-    KERNEL_MAX_OPTIONS options each (a Discrete(100) would be refused by the kernel at its first call)."""
-    return not spec.discrete or max(spec.action_nvec or (spec.num_actions,)) <= KERNEL_MAX_OPTIONS
+    return native_acting and fastrl_ext._acting is not None
 
 
 class NumpyPolicy:
@@ -84,7 +74,7 @@ class NumpyPolicy:
         import fastrl_ext
 
         self.layout, self.spec, self.activation = layout, spec, activation
-        self.native = native_kernel(native, spec)
+        self.native = native_kernel(native)
         self._act_mlp = fastrl_ext._acting.act_mlp if self.native else None
         self.plan = self.block = None  # the network as _acting takes it (load, pack_native)
         self.discrete = spec.discrete

@@ -172,7 +172,7 @@ class Runner:
             from fastrl.models.numpy_policy import acting_backend, native_kernel
 
             backend = acting_backend(cfg, self.spec)
-            native = backend == "numpy" and native_kernel(cfg.system.native_acting, self.spec)
+            native = backend == "numpy" and native_kernel(cfg.system.native_acting)
             mode += f", rollout workers act in {backend}" + (" (fastrl_ext kernel)" if native else "")
         mask_note = self.spec.action_mask_note()
         if mask_note:

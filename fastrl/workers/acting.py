@@ -32,14 +32,11 @@ PACK_AFTER_FORWARDS = 3
 
 def native_categorical_draw(cfg, spec):
     """fastrl_ext's `sample_categorical` where a torch policy's actions can be drawn by it (categorical, on the
-    CPU, system.native_acting, the extension built, no choice wider than it takes), taking (logits, uniforms,
-    actions, log_probs) and, for several choices, told their options; else None: torch's sample draws them."""
-    import fastrl_ext
-
-    from fastrl.models.numpy_policy import kernel_draws
-
-    if not (spec.discrete and cfg.system.device == "cpu" and cfg.system.native_acting and kernel_draws(spec)):
+    CPU, system.native_acting, the extension built), taking (logits, uniforms, actions, log_probs) and, for
+    several choices, told their options; else None: torch's sample draws them."""
+    if not (spec.discrete and cfg.system.device == "cpu" and cfg.system.native_acting):
         return None
+    import fastrl_ext
 
     if fastrl_ext._acting is None:
         return None

@@ -43,7 +43,6 @@ using View = fastrl_ext::BufferView;
 using fastrl_ext::tanh_row;
 using fastrl_ext::acting::Layer;
 using fastrl_ext::acting::MASKED_LOGIT;
-using fastrl_ext::acting::MAX_CATEGORIES;
 using fastrl_ext::acting::py_sample_categorical;
 using fastrl_ext::acting::Net;
 using fastrl_ext::acting::categorical_row;
@@ -223,7 +222,6 @@ int act_net(const Net& net, const float* obs, int64_t obs_items, const float* ra
         PyErr_Format(PyExc_TypeError, "act_mlp: %s has the wrong dtype", NAMES[ACTIONS]);
         return -1;
     }
-    if (net.discrete && net.choices.empty() && net.A > MAX_CATEGORIES) return refuse("more than 64 discrete actions");
     if (obs_items != B * net.D) return refuse("obs is not [B, D] for the network's D and values' B");
     if (log_prob_items != B) return refuse("log_probs must hold B values");
     // a value per row for one categorical, one per choice for several, one per dimension for a Gaussian

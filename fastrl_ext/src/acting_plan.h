@@ -30,7 +30,6 @@ constexpr int TAIL = 5;
 // What a forbidden action's logit becomes: fastrl.models.actor_critic's MASKED_LOGIT (exp of it less any logit
 // a network gives is 0 in float32, and it stays finite so that 0 * log p is 0 in the entropy)
 constexpr float MASKED_LOGIT = -1e9f;
-constexpr int64_t MAX_CATEGORIES = 64;  // options per categorical choice at most: the draw's sums live on the stack
 
 struct Layer {
     int64_t in, out;
@@ -146,8 +145,8 @@ inline bool read_plan(const View& plan, const View& params, Net& net) {
     net.choices.assign(tail + TAIL, tail + TAIL + K);
     int64_t options = 0;
     for (const int64_t c : net.choices) {
-        if (c < 2 || c > MAX_CATEGORIES) {
-            PyErr_SetString(PyExc_ValueError, "act_mlp: a discrete choice needs 2 to 64 options");
+        if (c < 2) {
+            PyErr_SetString(PyExc_ValueError, "act_mlp: a discrete choice needs at least 2 options");
             return false;
         }
         options += c;

@@ -16,22 +16,34 @@
 
 namespace fastrl_ext::acting {
 
-// One categorical draw from logits [A] (A <= MAX_CATEGORIES) and a uniform u in [0, 1): the formula at the top
-// of acting.cpp.
-// Shared by the MLP kernel's head and `sample_categorical`, so both draw alike from the same u.
+// the cumulative sums a draw keeps on the stack; a wider row counts the rest in a second pass
+constexpr int64_t CDF_ON_STACK = 64;
+
+// One categorical draw from logits [A] (any A >= 1) and a uniform u in [0, 1): the formula at the top of
+// acting.cpp. Shared by the MLP kernel's head and `sample_categorical`, so both draw alike from the same u.
 __attribute__((always_inline)) inline void categorical_row(const float* logits, int64_t A, float u, int64_t* action,
                                                            float* log_prob) {
     float top = logits[0];
     for (int64_t j = 1; j < A; ++j) top = std::max(top, logits[j]);
-    float cdf[MAX_CATEGORIES];
+    float cdf[CDF_ON_STACK];
     float total = 0.0f;
     for (int64_t j = 0; j < A; ++j) {
         total += std::exp(logits[j] - top);
-        cdf[j] = total;
+        if (j < CDF_ON_STACK) cdf[j] = total;
     }
     const float threshold = u * total;
+    const int64_t kept = std::min(A, CDF_ON_STACK);
     int64_t chosen = 0;
-    for (int64_t j = 0; j < A; ++j) chosen += cdf[j] <= threshold;
+    for (int64_t j = 0; j < kept; ++j) chosen += cdf[j] <= threshold;
+    if (chosen == kept) {
+        // every kept sum is <= threshold: count the rest, the same float32 additions in the same order as the
+        // first pass (so the same sums), their exps computed again rather than stored
+        float sum = cdf[kept - 1];
+        for (int64_t j = kept; j < A; ++j) {
+            sum += std::exp(logits[j] - top);
+            chosen += sum <= threshold;
+        }
+    }
     chosen = std::min(chosen, A - 1);
     *action = chosen;
     *log_prob = (logits[chosen] - top) - std::log(total);
@@ -89,8 +101,8 @@ inline PyObject* py_sample_categorical(PyObject*, PyObject* const* args, Py_ssiz
         }
     }
     for (const int64_t c : options) {
-        if (c < 1 || c > MAX_CATEGORIES) {
-            PyErr_SetString(PyExc_ValueError, "sample_categorical: each choice needs 1 to 64 actions");
+        if (c < 1) {
+            PyErr_SetString(PyExc_ValueError, "sample_categorical: each choice needs at least 1 action");
             return nullptr;
         }
     }

@@ -147,7 +147,7 @@ def test_an_inference_forward_draws_into_the_cells_it_is_given(preset, spec, nat
         rng = np.random.default_rng(0)
         obs = (rng.integers(0, 256, (16, *spec.obs_shape), dtype=np.uint8) if spec.is_image
                else rng.standard_normal((16, *spec.obs_shape)).astype(np.float32))
-        action_cell = (len(spec.action_nvec),) if spec.multi_discrete else ()
+        action_cell = spec.action_cell
         cells = (np.full((2, 8, *action_cell), -1, np.int32), np.full((2, 8), np.nan, np.float32),
                  np.full((2, 8), np.nan, np.float32))
         targets = [(cells[0][g], cells[1][g], cells[2][g]) for g in range(2)]

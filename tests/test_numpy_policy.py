@@ -353,8 +353,7 @@ def test_acting_into_slot_cells_writes_what_act_returns(spec, overrides):
     native = _native_twin(policy)
     obs = (np.random.default_rng(1).standard_normal((32, *spec.obs_shape)) * 3).astype(np.float32)
     ref = native.act(obs, np.random.default_rng(9))
-    action_shape = (32, len(spec.action_nvec)) if spec.multi_discrete else 32 if spec.discrete else (32, spec.num_actions)
-    cells = (np.zeros(action_shape, np.int32 if spec.discrete else np.float32),
+    cells = (np.zeros((32, *spec.action_cell), np.int32 if spec.discrete else np.float32),
              np.zeros(32, np.float32), np.zeros(32, np.float32))
     assert native.act_into(obs, np.random.default_rng(9), *cells)
     for r, g in zip(ref, cells):

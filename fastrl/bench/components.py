@@ -197,7 +197,7 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: Progress) 
         # forwards; this stage loads no new version); eager where packing is off or does not apply
         net = (packed_forward(model, spec.obs_shape, batch) if cfg.system.packed_inference else None) or model
         draw = native_categorical_draw(cfg, spec)  # as TorchForward.act_into draws, where it does
-        targets = [(np.empty((batch, len(spec.action_nvec)) if spec.multi_discrete else batch, np.int32),
+        targets = [(np.empty((batch, *spec.action_cell), np.int32),
                     np.empty(batch, np.float32), np.empty(batch, np.float32))]
         obs_np, rng = obs.numpy(), np.random.default_rng(0)
 

@@ -34,11 +34,9 @@ class TrajBuffers:
     @staticmethod
     def allocate(alloc: ShmAllocator, spec: EnvSpec, num_slots: int, rollout_len: int, envs_per_split: int):
         n, t, e = num_slots, rollout_len, envs_per_split
-        act_shape = ((n, t, e, len(spec.action_nvec)) if spec.multi_discrete else (n, t, e) if spec.discrete
-                     else (n, t, e, spec.num_actions))
         return TrajBuffers(
             obs=alloc.array("obs", (n, t + 1, e, *spec.obs_shape), spec.obs_dtype),
-            actions=alloc.array("actions", act_shape, np.int32 if spec.discrete else np.float32),
+            actions=alloc.array("actions", (n, t, e, *spec.action_cell), np.int32 if spec.discrete else np.float32),
             log_probs=alloc.array("log_probs", (n, t, e), np.float32),
             values=alloc.array("values", (n, t, e), np.float32),
             rewards=alloc.array("rewards", (n, t, e), np.float32),

@@ -55,6 +55,14 @@ class EnvSpec:
         return bool(self.action_nvec)
 
     @property
+    def action_cell(self) -> tuple:
+        """One env's action in the trajectory buffers and acting's outputs: () for one categorical, (K,) for K
+        discrete choices, (A,) for a Gaussian's A dimensions."""
+        if self.multi_discrete:
+            return (len(self.action_nvec),)
+        return () if self.discrete else (self.num_actions,)
+
+    @property
     def action_start(self) -> np.ndarray | None:
         """What the policy's 0-based discrete actions are offset by on their way to the env (gymnasium's
         `start`, an integer Box's low), one per choice; None where every choice starts at 0, or continuous."""

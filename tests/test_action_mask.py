@@ -13,11 +13,11 @@ from fastrl.envs.spec import _spec_from_spaces
 from fastrl.models.actor_critic import ActorCritic
 
 
-def masked_spec(act_space, mask_shape, before=3):
+def masked_spec(act_space, mask_shape, before=3, joint_actions=True):
     obs = gym.spaces.Dict({"action_mask": gym.spaces.MultiBinary(mask_shape),
                            "a_position": gym.spaces.Box(0.0, 1.0, (before,), np.float32),
                            "z_steps": gym.spaces.Discrete(9)})
-    return _spec_from_spaces("Masked-v0", "gymnasium", obs, act_space, 1)
+    return _spec_from_spaces("Masked-v0", "gymnasium", obs, act_space, 1, joint_actions)
 
 
 def test_a_mask_with_one_entry_per_logit_is_found_among_the_columns():
@@ -29,11 +29,12 @@ def test_a_mask_with_one_entry_per_logit_is_found_among_the_columns():
     assert masked_spec(gym.spaces.Box(0, 4, (3,), np.int32), (3, 5)).action_mask == (3, 15)
 
 
-def test_a_joint_mask_over_several_choices_stays_an_input_and_says_so():
-    spec = masked_spec(gym.spaces.Box(0, 9, (2,), np.int32), (10, 10))  # Minesweeper: a row and a column
+def test_a_joint_mask_over_choices_drawn_one_by_one_stays_an_input_and_says_so():
+    # Minesweeper's row and column under env.joint_actions=false (tests/test_joint_actions.py: true)
+    spec = masked_spec(gym.spaces.Box(0, 9, (2,), np.int32), (10, 10), joint_actions=False)
     assert spec.action_mask == ()
     assert spec.action_mask_note() == ("action_mask of 100 entries read as an input only (the policy has 20 "
-                                       "logits: a joint mask over its choices)")
+                                       "logits: a joint mask over its choices, applied under env.joint_actions=true)")
     plain = _spec_from_spaces("Plain-v0", "gymnasium", gym.spaces.Box(0.0, 1.0, (3,)), gym.spaces.Discrete(2), 1)
     assert plain.action_mask == () and plain.action_mask_note() is None
 

@@ -44,8 +44,9 @@ def test_several_choices_fastrl_cannot_act_in_are_refused_by_name(space):
 
 def test_jumanjis_minesweeper_is_a_row_and_a_column():
     """It acts with Box(0, 9, (2,), int32); before, refused as an integer Box (and before that, taken for a
-    continuous action: every rollout worker died at its first step)."""
-    spec = resolve_env(EnvConfig(id="Minesweeper-v0"))
+    continuous action: every rollout worker died at its first step). Drawn one by one here; by default one
+    categorical over the 100 cells (tests/test_joint_actions.py)."""
+    spec = resolve_env(EnvConfig(id="Minesweeper-v0", joint_actions=False))
     assert (spec.action_nvec, spec.action_low) == ((10, 10), (0, 0))
 
 

@@ -16,6 +16,7 @@ import torch
 import fastrl_ext
 from fastrl.algo.reward_scaling import ReturnScaler
 from fastrl.config import load_config
+from fastrl.envs.actions import EnvActions
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
 from fastrl.models.numpy_policy import NumpyPolicy
@@ -29,6 +30,10 @@ SLOTS, T, N = 3, 6, 5
 # where envpool's _recv list holds obs, reward, done, trunc, env_id, score, game_over (any order works)
 POSITIONS = (3, 0, 6, 1, 4, 2, 5)
 CONTINUOUS = EnvSpec("Continuous-v0", "envpool", (3,), np.dtype(np.float32), False, 2, (-0.5, -1.0), (0.5, 1.0))
+# one categorical over 3 x 4 combinations of two choices, the first starting at 1 (Minesweeper's joint mask, a
+# gymnasium start): each action unravelled into 2 and offset on its way to the env
+JOINT = EnvSpec("Joint-v0", "envpool", (3,), np.dtype(np.float32), True, 12, (1, 0), action_joint=(3, 4))
+STARTS_AT_2 = EnvSpec("Start-v0", "envpool", (3,), np.dtype(np.float32), True, 3, (2,))  # Discrete(3, start=2)
 
 
 class FakeEnv:
@@ -65,6 +70,7 @@ class Side:
 
     def __init__(self, spec: EnvSpec, groups: int, scale: bool, atari: bool, nonfinite: float):
         A = 1 if spec.discrete else spec.num_actions
+        env_width = len(spec.action_joint) or A  # what each env takes
         act_shape = (SLOTS, T, N) if spec.discrete else (SLOTS, T, N, A)
 
         def arr(shape, dtype):
@@ -80,12 +86,11 @@ class Side:
         self.nonfinite: list[int] = []
         self.recorder = NativeRecorder(self.bufs, groups, N, self.scaler, self.nonfinite.append)
         self.envs = [FakeEnv(RawSteps(N, spec.obs_shape, np.float64, atari=atari, shuffle=True, nonfinite=nonfinite,
-                                      seed=10 + g), np.int32 if spec.discrete else np.float64, A)
+                                      seed=10 + g), np.int32 if spec.discrete else np.float64, env_width)
                      for g in range(groups)]
         self.policy = make_policy(spec)
         self.rng = np.random.default_rng(7)
-        self.low = None if spec.discrete else np.asarray(spec.action_low, dtype=np.float32)
-        self.high = None if spec.discrete else np.asarray(spec.action_high, dtype=np.float32)
+        self.to_env = EnvActions(spec)
         self.slot, self.t, self.sent, self.k = list(range(groups)), [0] * groups, [False] * groups, 0
         self.weights_header = np.array([5, 42, 0], dtype=np.int64)  # seq 5 published, version 42: what it acts with
         b = self.bufs
@@ -106,10 +111,7 @@ class Side:
             k = self.k
             for g in (k, (k + 1) % G):
                 if not self.sent[g]:
-                    actions = self.bufs.actions.array[self.slot[g], self.t[g]]
-                    if self.low is not None:
-                        actions = np.clip(actions, self.low, self.high)
-                    self.envs[g].actions[...] = actions
+                    self.envs[g].actions[...] = self.to_env(self.bufs.actions.array[self.slot[g], self.t[g]])
                     self.envs[g].send([None, None, self.envs[g].actions])
                     self.sent[g] = True
             self.sent[k] = False
@@ -131,8 +133,8 @@ class Side:
                     slot_list=self.slot, t_list=self.t, sent_list=self.sent, k=self.k, n_steps=n,
                     plan=self.policy.plan, params=self.policy.block,
                     random=self.policy._random(n * N, self.rng), version=42, weights_seq=self.weights_header,
-                    seen_seq=5, action_low=self.low,
-                    action_high=self.high, moments=None if s is None else s.moments, gamma=0.99 if s else 0.0,
+                    seen_seq=5, action_low=self.to_env.low, action_high=self.to_env.high,
+                    action_start=self.to_env.start, joint=self.to_env.joint, moments=None if s is None else s.moments, gamma=0.99 if s else 0.0,
                     clip=s.clip if s else 0.0, eps=s.eps if s else 0.0,
                     finished_scores=np.zeros(n * N), finished_lengths=np.zeros(n * N, dtype=np.int64))
         args.update(changes)
@@ -167,7 +169,10 @@ def steps_to_boundary(side: Side) -> int:
     (DISCRETE, 2, False, True, 0.05),    # double buffering, Atari's score fields, NaN/inf
     (CONTINUOUS, 1, True, False, 0.0),   # HalfCheetah's shape: clipped float64 actions, scaled rewards
     (CONTINUOUS, 2, True, False, 0.05),
-], ids=["discrete", "discrete_2_groups_atari_nonfinite", "continuous_scaled", "continuous_2_groups_nonfinite"])
+    (JOINT, 2, False, False, 0.0),
+    (STARTS_AT_2, 1, False, False, 0.0),
+], ids=["discrete", "discrete_2_groups_atari_nonfinite", "continuous_scaled", "continuous_2_groups_nonfinite",
+        "joint_choices_with_starts", "discrete_starting_at_2"])
 def test_native_steps_write_what_the_python_steps_write(spec, groups, scale, atari, nonfinite):
     ref, nat = Side(spec, groups, scale, atari, nonfinite), Side(spec, groups, scale, atari, nonfinite)
     assert ref.state() == nat.state()
@@ -180,6 +185,9 @@ def test_native_steps_write_what_the_python_steps_write(spec, groups, scale, ata
     assert ref.state() == nat.state()
     if nonfinite:
         assert sum(ref.nonfinite) > 0
+    if spec.action_joint:  # every combination's index reached the env as its choices, offset by their starts
+        sent = np.concatenate([a for env in nat.envs for a in env.sent])
+        assert sent.shape[1] == 2 and set(sent[:, 0]) == {1, 2, 3} and set(sent[:, 1]) == {0, 1, 2, 3}
 
 
 def test_a_step_at_a_slot_boundary_is_refused_before_anything_is_done():

@@ -47,8 +47,10 @@ def test_serial_mode_is_bit_reproducible(tmp_path, variant):
     ("cartpole", ("--set", "env.id=Knapsack-v1")),
     # several discrete choices (two agents' moves), [T, N, 2] actions and two uniforms per env step, masked
     ("cartpole", ("--set", "env.id=LevelBasedForaging-v0")),
+    # one categorical over a row and a column's 100 cells, each action unravelled into the two on its way
+    ("cartpole", ("--set", "env.id=Minesweeper-v0")),
 ], ids=["cartpole", "cartpole_2_splits", "cartpole_shared_envpool", "halfcheetah", "knapsack_masked",
-        "foraging_choices"])
+        "foraging_choices", "minesweeper_joint"])
 def test_native_rollout_steps_train_bit_for_bit_as_the_python_steps(tmp_path, preset, overrides):
     """fastrl_ext._rollout runs the steps between slot boundaries; pump every step (its reference)."""
     native = _losses(tmp_path, "native", *overrides, preset=preset)

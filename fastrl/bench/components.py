@@ -28,6 +28,7 @@ from fastrl.config.checks import envs_per_split, inference_batch_size, resolve_e
 from fastrl.config.hardware import resolve_learner_split
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec, make_groups
+from fastrl.envs.actions import EnvActions
 from fastrl.envs.vector import shares_one_envpool
 from fastrl.workers.learner import build_learner_model
 from fastrl.workers.process import (keep_freed_heap, name_process_and_die_with_parent,
@@ -52,11 +53,11 @@ class ComponentResult:
 
 
 def random_actions(spec: EnvSpec, num_envs: int, rng: np.random.Generator) -> np.ndarray:
+    """Uniformly random actions for num_envs envs, as the env takes them."""
     if spec.discrete:
         choices = spec.action_nvec or spec.num_actions
-        actions = rng.integers(0, choices, size=(num_envs, len(choices)) if spec.multi_discrete else num_envs,
-                               dtype=np.int32)
-        return actions if spec.action_start is None else actions + spec.action_start
+        actions = rng.integers(0, choices, size=(num_envs, *spec.action_cell), dtype=np.int32)
+        return EnvActions(spec)(actions)
     low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
     return rng.uniform(low, high, size=(num_envs, spec.num_actions)).astype(np.float32)
 

@@ -142,9 +142,20 @@ RETIRED_KEYS = {
 }
 
 
+# keys whose default changes what an older run's model is: a saved config.json without one predates it, and
+# resumes (or is evaluated) with the value that keeps the model it trained
+ADDED_KEYS = {
+    "env.joint_actions": False,  # before it, several discrete choices had one categorical each
+}
+
+
 def _migrate_saved(saved: dict) -> dict:
-    """A run saved before a key was retired resumes with that key's old meaning."""
+    """A run saved before a key was retired, or added, resumes with its old meaning."""
     saved = {section: dict(values) if isinstance(values, dict) else values for section, values in saved.items()}
+    for added, old_value in ADDED_KEYS.items():
+        section, _, key = added.partition(".")
+        if isinstance(saved.get(section), dict):
+            saved[section].setdefault(key, old_value)
     for old, retired in RETIRED_KEYS.items():
         section, _, key = old.partition(".")
         values = saved.get(section)

@@ -24,6 +24,11 @@ class EnvConfig:
     backend: Literal["auto", "envpool", "gymnasium"] = opt(
         "auto", "Which simulator runs the env; auto = envpool when it has the id, else gymnasium.")
     kwargs: dict = opt({}, "Extra keyword arguments for envpool.make / gymnasium.make (e.g. episodic_life).")
+    joint_actions: bool = opt(
+        True, "Where an env acts with several discrete choices and its Dict observation's action_mask marks every "
+        "combination of them (Minesweeper's [10, 10] cells for a row and a column; BinPack, Tetris, FlatPack), act "
+        "with one categorical over the combinations so that the mask applies; false draws one categorical per "
+        "choice, and the mask, which cannot apply to independent draws, is only an input.")
 
 
 @dataclass

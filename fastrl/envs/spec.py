@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,12 @@ class EnvSpec:
     # a Discrete observation's (n, start) (FrozenLake's cell, Taxi's state): one integer per env from the env,
     # stored one-hot as obs_shape (n,) float32 (fastrl.envs.flatten.OneHot)
     obs_one_hot: tuple = ()
+    # several discrete choices acted as one: each choice's number of options where the policy draws one
+    # categorical over every combination of them (num_actions = their product, action_nvec ()), because the env's
+    # action_mask is joint over the choices (Minesweeper's [10, 10] marks cells, not rows and columns). The
+    # policy's action is then an index into the combinations, unravelled to [len(action_joint)] on its way to the
+    # env (fastrl.envs.actions.EnvActions), the last choice varying fastest as in the mask's layout.
+    action_joint: tuple = ()
 
     @property
     def multi_discrete(self) -> bool:
@@ -83,10 +90,14 @@ class EnvSpec:
         size = dict(self.obs_dict).get(ACTION_MASK_KEY)
         if size is None:
             return None
+        if self.action_joint:
+            return (f"action_mask applied to one categorical over the {self.num_actions} combinations of "
+                    f"{len(self.action_joint)} choices {list(self.action_joint)} (env.joint_actions)")
         if self.action_mask:
             return "action_mask applied to the logits"
+        joint = self.multi_discrete and size == math.prod(self.action_nvec)
         return (f"action_mask of {size} entries read as an input only (the policy has {self.num_actions} logits"
-                + (": a joint mask over its choices" if self.multi_discrete else "") + ")")
+                + (": a joint mask over its choices, applied under env.joint_actions=true" if joint else "") + ")")
 
     @property
     def is_image(self) -> bool:
@@ -132,7 +143,9 @@ def gymnasium_ids() -> list[str]:
     return list(gymnasium_with_fastrl_envs().envs.registry.keys())
 
 
-def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_per_env_step: int) -> EnvSpec:
+def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_per_env_step: int,
+                      joint_actions: bool = True) -> EnvSpec:
+    """The spec of an env with these spaces; `joint_actions` is EnvConfig.joint_actions."""
     import gymnasium as gym
 
     try:
@@ -164,7 +177,13 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
                        "a 1-D space with at least 2 options per choice")
     elif choices is not None:
         nvec, start = choices
-        actions = dict(discrete=True, num_actions=sum(nvec), action_low=start, action_nvec=nvec)
+        combinations = math.prod(nvec)
+        # a mask shaped like the choices and larger than their sum: one entry per combination, the last choice
+        # varying fastest (a [K, n] mask of one row per choice is as large as their sum)
+        if joint_actions and _mask_shape(obs_space) == nvec and combinations != sum(nvec):
+            actions = dict(discrete=True, num_actions=combinations, action_low=start, action_joint=nvec)
+        else:
+            actions = dict(discrete=True, num_actions=sum(nvec), action_low=start, action_nvec=nvec)
     elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
         actions = dict(discrete=False, num_actions=int(act_space.shape[0]),
                        action_low=tuple(float(x) for x in act_space.low),
@@ -177,10 +196,20 @@ def _spec_from_spaces(env_id: str, backend: str, obs_space, act_space, frames_pe
     return EnvSpec(env_id, backend, obs_shape, obs_dtype, **actions, action_mask=mask, **layout)
 
 
+def _mask_shape(obs_space) -> tuple | None:
+    """The shape of a Dict observation's "action_mask" entry; None without one."""
+    import gymnasium as gym
+
+    if not isinstance(obs_space, gym.spaces.Dict) or ACTION_MASK_KEY not in obs_space.spaces:
+        return None
+    return tuple(int(n) for n in obs_space.spaces[ACTION_MASK_KEY].shape)
+
+
 def _mask_columns(obs_dict: tuple, logits: int) -> tuple:
     """(first column, count) of the "action_mask" entry in the flattened Dict, where it has one entry per
-    logit (a Discrete's mask, or one per choice: Connector's [agents, 5]); () otherwise (no mask, or a joint
-    mask over several choices, as Minesweeper's [10, 10] for a row and a column, which stays an input)."""
+    logit (a Discrete's mask, one per choice: Connector's [agents, 5], or one per combination of the choices
+    under env.joint_actions: Minesweeper's [10, 10]); () otherwise (no mask, or a joint mask over choices
+    drawn one by one, which stays an input)."""
     column = 0
     for key, size in obs_dict:
         if key == ACTION_MASK_KEY:
@@ -247,11 +276,13 @@ def resolve_env(env_cfg: EnvConfig) -> EnvSpec:
                                                   num_threads=1, **env_cfg.kwargs)
             # Only Atari's frameskip repeats rendered frames; MuJoCo's frame_skip is physics substeps.
             frames = int(probe.spec.config.frame_skip) if "Atari" in type(probe).__name__ else 1
-            spec = _spec_from_spaces(env_cfg.id, backend, probe.observation_space, probe.action_space, frames)
+            spec = _spec_from_spaces(env_cfg.id, backend, probe.observation_space, probe.action_space, frames,
+                                     env_cfg.joint_actions)
             probe.close()
             return spec
         probe = gymnasium_with_fastrl_envs().make(env_cfg.id, **env_cfg.kwargs)
-        spec = _spec_from_spaces(env_cfg.id, backend, probe.observation_space, probe.action_space, 1)
+        spec = _spec_from_spaces(env_cfg.id, backend, probe.observation_space, probe.action_space, 1,
+                                 env_cfg.joint_actions)
         probe.close()
         return spec
     except EnvError:

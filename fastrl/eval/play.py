@@ -18,6 +18,7 @@ import torch
 from fastrl.config.hardware import native_bf16, with_precision
 from fastrl.config.loader import config_from_dict
 from fastrl.envs import make_split, resolve_env
+from fastrl.envs.actions import EnvActions
 from fastrl.models import ActorCritic
 from fastrl.rundir import latest_checkpoint, validate_checkpoint
 
@@ -74,6 +75,7 @@ def play(run_dir: Path, checkpoint: Path | None = None, episodes: int = 10, dete
     """on_episode(episodes finished so far, return, length) is called as each counted episode
     ends: an Atari game lasts minutes of play, so a caller can show progress."""
     cfg, spec, model, ckpt, env_steps = load_policy(run_dir, checkpoint)
+    to_env = EnvActions(spec)
     torch.manual_seed(seed)
     env = make_split(cfg.env, spec, episodes, 1, seed)
     result = EvalResult(str(ckpt), env_steps, frames_channels_last=spec.obs_channels_last)
@@ -88,14 +90,8 @@ def play(run_dir: Path, checkpoint: Path | None = None, episodes: int = 10, dete
                 result.frames.append(picture_of(np.asarray(obs[0]), spec))
             params, _ = model(torch.from_numpy(np.asarray(obs)))
             actions = model.mode(params) if deterministic else model.sample(params)[0]
-            actions = actions.numpy()
-            if spec.discrete:
-                actions = actions.astype(np.int32)
-                if spec.action_start is not None:
-                    actions += spec.action_start
-            else:
-                actions = np.clip(actions, spec.action_low, spec.action_high).astype(np.float32)
-            env.send(actions)
+            actions = actions.numpy().astype(np.int32 if spec.discrete else np.float32)
+            env.send(to_env(actions))
             step = env.recv()
             obs = step.obs
             score += np.where(done, 0.0, step.score)

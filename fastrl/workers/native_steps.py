@@ -41,8 +41,6 @@ def unavailable_reason(worker) -> str | None:
         return "the worker does not act with the native kernel"
     if not isinstance(worker.recorder, NativeRecorder):
         return "the worker does not record natively"
-    if worker.action_start is not None:
-        return "the env's discrete actions do not start at 0"
     if worker.obs.dtype != np.float32:
         return "observations are not float32"
     if getattr(worker.envs[0], "raw_calls", lambda: None)() is None:
@@ -104,7 +102,8 @@ class NativeSteps:
         random = policy._random(n * w.num_envs, actor.forward.rng)
         k, self.last_steps, finished, nonfinite = self.run_steps(
             self.groups, self.slots, w.slot, w.t, w.sent, w.k, n, policy.plan, policy.block, random, actor.version,
-            self.weights_header, actor.seen_seq, w.action_low, w.action_high, scaler.moments if scaler is not None else None,
+            self.weights_header, actor.seen_seq, w.env_actions.low, w.env_actions.high, w.env_actions.start,
+            w.env_actions.joint, scaler.moments if scaler is not None else None,
             scaler.gamma if scaler is not None else 0.0, scaler.clip if scaler is not None else 0.0,
             scaler.eps if scaler is not None else 0.0, self.finished_scores, self.finished_lengths)
         w.k = k

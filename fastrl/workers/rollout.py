@@ -21,12 +21,11 @@ import logging
 import os
 import time
 
-import numpy as np
-
 from fastrl.algo.reward_scaling import ReturnScaler
 from fastrl.buffers.control import NO_OWNER
 from fastrl.config.checks import envs_per_split, rollout_workers_act, slots_per_batch
 from fastrl.envs import make_group, make_groups
+from fastrl.envs.actions import EnvActions
 from fastrl.envs.vector import PooledGroup
 from fastrl.ipc import put_report, wait_any
 from fastrl.workers.native_steps import NativeSteps, unavailable_reason
@@ -72,9 +71,7 @@ class RolloutWorker:
         b = ctx.bufs
         self.obs, self.actions = b.obs.array, b.actions.array
         spec = ctx.spec
-        self.action_low = None if spec.discrete else np.asarray(spec.action_low, dtype=np.float32)
-        self.action_high = None if spec.discrete else np.asarray(spec.action_high, dtype=np.float32)
-        self.action_start = spec.action_start
+        self.env_actions = EnvActions(spec)
         # a replacement worker gets fresh env seeds, so it does not replay its predecessor's episodes
         total_envs = cfg.sampler.num_rollout_workers * cfg.sampler.num_envs_per_worker
         self.first_env = (cfg.run.seed * 1_000_003 + self.generation * total_envs
@@ -228,12 +225,7 @@ class RolloutWorker:
         self.requests.push((self.index, self.generation, split, self.token[split], self.slot[split], self.t[split]))
 
     def _send(self, split: int) -> None:
-        actions = self.actions[self.slot[split], self.t[split]]
-        if self.action_low is not None:
-            actions = np.clip(actions, self.action_low, self.action_high)
-        elif self.action_start is not None:
-            actions = actions + self.action_start
-        self.envs[split].send(actions)
+        self.envs[split].send(self.env_actions(self.actions[self.slot[split], self.t[split]]))
 
     def _record(self, split: int) -> None:
         """Collect group `split`'s env step into its slot; hand the slot over when it is full."""

@@ -28,7 +28,7 @@ using namespace fastrl_ext::record;
 
 enum LoopArg {
     L_GROUPS, L_SLOTS, L_SLOT_LIST, L_T_LIST, L_SENT_LIST, L_K, L_N_STEPS, L_PLAN, L_PARAMS, L_RANDOM, L_VERSION,
-    L_WEIGHTS_SEQ, L_SEEN_SEQ, L_ACTION_LOW, L_ACTION_HIGH, L_MOMENTS, L_GAMMA, L_CLIP, L_EPS, L_FINISHED_SCORES, L_FINISHED_LENGTHS, L_NUM_ARGS
+    L_WEIGHTS_SEQ, L_SEEN_SEQ, L_ACTION_LOW, L_ACTION_HIGH, L_ACTION_START, L_JOINT, L_MOMENTS, L_GAMMA, L_CLIP, L_EPS, L_FINISHED_SCORES, L_FINISHED_LENGTHS, L_NUM_ARGS
 };
 // a group: (send, send_args, recv, env_actions, output_index, was_reset, ep_score, ep_len, returns|None)
 enum GroupItem { G_SEND, G_SEND_ARGS, G_RECV, G_ENV_ACTIONS, G_INDEX, G_WAS_RESET, G_EP_SCORE, G_EP_LEN, G_RETURNS, G_NUM };
@@ -51,12 +51,37 @@ struct Group {
     bool scaled = false;
 };
 
-// The slots' actions, as the loop reads them to send
+// The slots' actions, as the loop reads them to send, and what the env takes (fastrl.envs.actions.EnvActions)
 struct Acting {
     const void* actions = nullptr;  // [S, T, N] or [S, T, N, K] int32 (K choices), or [S, T, N, A] float32
     Py_ssize_t per_action = 1;      // 1 (categorical), K (several choices) or A (Gaussian)
     bool int_actions = false;
+    Py_ssize_t per_env_action = 1;   // per_action, or E where each action indexes the combinations of E choices
+    const int32_t* start = nullptr;  // [per_env_action] added to each choice on its way to the env, or none
+    const int32_t* joint = nullptr;  // [per_env_action] each choice's options, where actions index combinations
 };
+
+// N envs' discrete actions as the env takes them: each combination index unravelled into its choices, the
+// last varying fastest (numpy's unravel_index), then each choice offset by its start
+template <typename D>
+void env_int_actions(const int32_t* src, D* dst, Py_ssize_t N, const Acting& a) {
+    const Py_ssize_t E = a.per_env_action;
+    for (Py_ssize_t i = 0; i < N; ++i) {
+        D* out = dst + i * E;
+        if (a.joint != nullptr) {
+            int64_t rest = src[i];
+            for (Py_ssize_t j = E - 1; j >= 0; --j) {
+                out[j] = static_cast<D>(rest % a.joint[j]);
+                rest /= a.joint[j];
+            }
+        } else {
+            for (Py_ssize_t j = 0; j < E; ++j) out[j] = static_cast<D>(src[i * E + j]);
+        }
+        if (a.start != nullptr) {
+            for (Py_ssize_t j = 0; j < E; ++j) out[j] += a.start[j];
+        }
+    }
+}
 
 template <typename S, typename D>
 void cast_actions(const S* src, D* dst, Py_ssize_t n, const float* low, const float* high, Py_ssize_t per_action) {
@@ -81,8 +106,8 @@ bool send_group(Group& g, const Acting& a, Py_ssize_t slot, Py_ssize_t t, const 
     const Py_ssize_t db = g.env_actions.buf.itemsize;
     if (a.int_actions) {
         const int32_t* src = static_cast<const int32_t*>(a.actions) + at;
-        if ((dk == 'i' || dk == 'l' || dk == 'q') && db == 4) cast_actions(src, static_cast<int32_t*>(dst), n, nullptr, nullptr, 1);
-        else cast_actions(src, static_cast<int64_t*>(dst), n, nullptr, nullptr, 1);
+        if ((dk == 'i' || dk == 'l' || dk == 'q') && db == 4) env_int_actions(src, static_cast<int32_t*>(dst), to.N, a);
+        else env_int_actions(src, static_cast<int64_t*>(dst), to.N, a);
     } else {
         const float* src = static_cast<const float*>(a.actions) + at;
         if (dk == 'f') cast_actions(src, static_cast<float*>(dst), n, low, high, a.per_action);
@@ -153,6 +178,11 @@ bool read_group(PyObject* item, const View* slot_views, Group& g) {
     return true;
 }
 
+bool is_int32(const View& v) {
+    const char k = v.kind();
+    return (k == 'i' || k == 'l' || k == 'q') && v.buf.itemsize == 4;
+}
+
 Py_ssize_t list_int(PyObject* list, Py_ssize_t i) { return PyLong_AsSsize_t(PyList_GET_ITEM(list, i)); }
 
 bool set_list_item(PyObject* list, Py_ssize_t i, PyObject* value) {  // steals `value`
@@ -163,8 +193,8 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (nargs != L_NUM_ARGS) {
         PyErr_SetString(PyExc_TypeError,
                         "run_steps(groups, slots, slot_list, t_list, sent_list, k, n_steps, plan, params, random, version, "
-                        "weights_seq, seen_seq, action_low|None, action_high|None, moments|None, gamma, clip, eps, "
-                        "finished_scores, finished_lengths)");
+                        "weights_seq, seen_seq, action_low|None, action_high|None, action_start|None, joint|None, moments|None, "
+                        "gamma, clip, eps, finished_scores, finished_lengths)");
         return nullptr;
     }
     PyObject *groups_obj = args[L_GROUPS], *slots_obj = args[L_SLOTS];
@@ -210,9 +240,28 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (slot_views[S_LOG_PROBS].kind() != 'f' || slot_views[S_VALUES].kind() != 'f' ||
         !((vk == 'l' || vk == 'q') && slot_views[S_VERSION].buf.itemsize == 8))
         return refuse("log_probs and values must be float32, policy_version int64"), nullptr;
+    View start_v, joint_v;
+    a.per_env_action = a.per_action;
+    if (args[L_JOINT] != Py_None) {
+        if (!a.int_actions || a.per_action != 1 || !joint_v.get(args[L_JOINT], false, "run_steps", "joint"))
+            return PyErr_Occurred() ? nullptr : (refuse("joint is for one categorical's [slots, T, N] int32 actions"), nullptr);
+        if (!is_int32(joint_v) || joint_v.items() < 2) return refuse("joint must be int32 [E], E >= 2"), nullptr;
+        a.joint = static_cast<const int32_t*>(joint_v.buf.buf);
+        a.per_env_action = joint_v.items();
+        for (Py_ssize_t j = 0; j < a.per_env_action; ++j) {
+            if (a.joint[j] < 1) return refuse("joint's options must be positive"), nullptr;
+        }
+    }
+    if (args[L_ACTION_START] != Py_None) {
+        if (!a.int_actions || !start_v.get(args[L_ACTION_START], false, "run_steps", "action_start"))
+            return PyErr_Occurred() ? nullptr : (refuse("action_start is for int32 actions"), nullptr);
+        if (!is_int32(start_v) || start_v.items() != a.per_env_action)
+            return refuse("action_start must be int32, one per choice the env takes"), nullptr;
+        a.start = static_cast<const int32_t*>(start_v.buf.buf);
+    }
     for (Group& g : groups) {
         if (g.to.S != S || g.to.T != T || g.to.N != N) return refuse("every group writes the same slots"), nullptr;
-        if (g.env_actions.items() != N * a.per_action) return refuse("env_actions must hold N actions"), nullptr;
+        if (g.env_actions.items() != N * a.per_env_action) return refuse("env_actions must hold N actions"), nullptr;
         const char dk = g.env_actions.kind();
         const bool int_ok = (dk == 'i' || dk == 'l' || dk == 'q') && (g.env_actions.buf.itemsize == 4 || g.env_actions.buf.itemsize == 8);
         const bool float_ok = (dk == 'f' && g.env_actions.buf.itemsize == 4) || (dk == 'd' && g.env_actions.buf.itemsize == 8);
@@ -307,7 +356,8 @@ PyObject* py_run_steps(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef methods[] = {
     {"run_steps", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_run_steps)), METH_FASTCALL,
      "run_steps(groups, slots, slot_list, t_list, sent_list, k, n_steps, plan, params, random, version, weights_seq, "
-     "seen_seq, action_low|None, action_high|None, moments|None, gamma, clip, eps, finished_scores, finished_lengths) "
+     "seen_seq, action_low|None, action_high|None, action_start|None, joint|None, moments|None, gamma, clip, eps, "
+     "finished_scores, finished_lengths) "
      "-> (k, steps, finished, nonfinite): up to n_steps of RolloutWorker.pump for workers that act with the native "
      "kernel, none at a slot boundary, stopping early once weights_seq[0] != seen_seq; t_list and sent_list are "
      "updated in place, finished games' scores and lengths written first in finished_*."},

@@ -9,6 +9,7 @@ RECORD_CORE = "fastrl_ext/src/record_core.h"  # the recording arithmetic, shared
 ACTING_API = "fastrl_ext/src/acting_api.h"    # what _acting's capsule hands _rollout
 ACTING_PLAN = "fastrl_ext/src/acting_plan.h"  # the acting MLP's plan format and its check
 CATEGORICAL_DRAW = "fastrl_ext/src/categorical_draw.h"  # _acting's draw, in its kernel and sample_categorical
+EXP_POLY = "fastrl_ext/src/exp_poly.h"        # a vectorisable exp, for tanh_row.h and _policy_head's softmax
 TANH_ROW = "fastrl_ext/src/tanh_row.h"        # the vectorisable tanh of _acting and _activations
 ISA = "fastrl_ext/src/isa.h"                  # their instruction-set variant, picked at import
 BF16 = "fastrl_ext/src/bf16.h"                # float32 -> bf16 rounding, shared by _frames and _optim
@@ -27,16 +28,16 @@ setup(
         native_module("appo_loss", LEARNER_HEADERS),
         # the policy's log-probabilities and entropies with their gradients, for the learner's minibatch
         # gradient without autograd (fastrl.algo.native_gradient)
-        native_module("policy_head", LEARNER_HEADERS, optimize="-O3", flags=["-fno-trapping-math"]),
+        native_module("policy_head", [*LEARNER_HEADERS, EXP_POLY, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
         # no fused multiply-adds: the reward scaler's float64 arithmetic matches numpy's bit for bit
         native_module("record", [*LEARNER_HEADERS, RECORD_CORE], flags=["-ffp-contract=off"]),
         # -O3: GCC 12 vectorises the MLP's row loops (trip counts known only at run time) only there
-        native_module("acting", [*LEARNER_HEADERS, ACTING_API, ACTING_PLAN, CATEGORICAL_DRAW, TANH_ROW, ISA],
+        native_module("acting", [*LEARNER_HEADERS, ACTING_API, ACTING_PLAN, CATEGORICAL_DRAW, TANH_ROW, EXP_POLY, ISA],
                       optimize="-O3", flags=["-fno-trapping-math"]),
         # the learner's MLP forward and backward, one call each: the same tanh loop, products vectorised the same way
-        native_module("mlp", [*LEARNER_HEADERS, TANH_ROW, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
+        native_module("mlp", [*LEARNER_HEADERS, TANH_ROW, EXP_POLY, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
         # the learner's tanh: the same loop and flags as _acting's
-        native_module("activations", [*LEARNER_HEADERS, TANH_ROW, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
+        native_module("activations", [*LEARNER_HEADERS, TANH_ROW, EXP_POLY, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
         # the CNN's input from uint8 frames (cast, scale, relayout in one pass), vectorised the same way
         native_module("frames", [*LEARNER_HEADERS, ISA, BF16], optimize="-O3", flags=["-fno-trapping-math"]),
         # the learner's bf16 gradient pieces into the fp32 .grad, with its sum of squares, vectorised the same way

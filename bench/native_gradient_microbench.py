@@ -30,6 +30,8 @@ HEADS = {
     "CartPole, 2 logits": (EnvSpec("CartPole", "envpool", (4,), np.dtype(np.float32), True, 2), 512),
     "HalfCheetah, 6-d Gaussian": (EnvSpec("HalfCheetah", "envpool", (17,), np.dtype(np.float32), False, 6,
                                           (-1.0,) * 6, (1.0,) * 6), 256),
+    # one categorical over Minesweeper's 100 cells (env.joint_actions), at the cartpole preset's rows
+    "Minesweeper, 100 logits": (EnvSpec("Minesweeper", "envpool", (202,), np.dtype(np.float32), True, 100), 512),
 }
 
 

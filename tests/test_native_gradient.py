@@ -25,11 +25,14 @@ from fastrl.envs import resolve_env
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic, native_mlp
 from fastrl_ext import _policy_head
+from fastrl.models.actor_critic import MASKED_LOGIT
 from helpers import HALFCHEETAH as CHEETAH  # an MLP at HalfCheetah's shape
+from helpers import run_tests_under_isa
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_native = pytest.mark.skipif(_policy_head is None or not native_mlp.pays(),
                                   reason="fastrl_ext not built, or its MLP layers not used on this CPU")
+needs_head = pytest.mark.skipif(_policy_head is None, reason="fastrl_ext not built")
 
 
 def _head_reference(spec: EnvSpec, params: torch.Tensor, actions: torch.Tensor, log_std: torch.Tensor | None):
@@ -39,30 +42,39 @@ def _head_reference(spec: EnvSpec, params: torch.Tensor, actions: torch.Tensor, 
     return model.log_prob(params, actions), model.entropy(params), model
 
 
-@needs_native
+@needs_head
 @pytest.mark.parametrize("rows", [1, 5, 64, 257])
 @pytest.mark.parametrize("kind,width,action_dtype", [
     ("categorical", 2, torch.int32), ("categorical", 7, torch.int64), ("gaussian", 1, torch.float32),
-    ("gaussian", 6, torch.float32), ("choices", 7, torch.int32), ("choices", 10, torch.int64)])
+    ("gaussian", 6, torch.float32), ("choices", 7, torch.int32), ("choices", 10, torch.int64),
+    # Minesweeper's 100 cells, and with a mask: logits at MASKED_LOGIT, whose softmax must be exactly 0
+    ("categorical", 100, torch.int32), ("masked", 100, torch.int64)])
 def test_policy_head_matches_autograd(rows, kind, width, action_dtype):
     gen = torch.Generator().manual_seed(rows * 10 + width)
-    params = (torch.randn(rows, width, generator=gen) * 2).requires_grad_()
-    choices = None
-    if kind == "categorical":
+    params = torch.randn(rows, width, generator=gen) * 2
+    choices, log_std = None, None
+    if kind in ("categorical", "masked"):
         spec = EnvSpec("Tiny-discrete", "envpool", (3,), np.dtype(np.float32), True, width)
-        actions = torch.randint(0, width, (rows,), generator=gen).to(action_dtype)
-        log_std = None
+        actions = torch.randint(0, width, (rows,), generator=gen)
+        if kind == "masked":
+            masked = torch.rand(rows, width, generator=gen) < 0.4
+            masked[torch.arange(rows), actions] = False  # the acted action is one the mask allowed
+            masked[0] = torch.arange(width) != 3  # a row with one action left: probability 1, entropy 0
+            actions[0] = 3
+            params[masked] = MASKED_LOGIT
+        actions = actions.to(action_dtype)
     elif kind == "choices":  # several categoricals, each over its slice of the logits
         nvec = {7: (3, 4), 10: (2, 6, 2)}[width]
         spec = EnvSpec("Tiny-choices", "envpool", (3,), np.dtype(np.float32), True, width, (0,) * len(nvec),
                        action_nvec=nvec)
         actions = torch.stack([torch.randint(0, n, (rows,), generator=gen) for n in nvec], -1).to(action_dtype)
-        log_std, choices = None, np.asarray(nvec, np.int64)
+        choices = np.asarray(nvec, np.int64)
     else:
         spec = EnvSpec("Tiny-box", "envpool", (3,), np.dtype(np.float32), False, width, (-1.0,) * width,
                        (1.0,) * width)
         actions = torch.randn(rows, width, generator=gen)
         log_std = (torch.randn(width, generator=gen) * 0.5).requires_grad_()
+    params.requires_grad_()
     lp_ref, ent_ref, model = _head_reference(spec, params, actions, log_std)
     g_lp, g_ent = torch.randn(rows, generator=gen), torch.randn(rows, generator=gen)
     (lp_ref * g_lp + ent_ref * g_ent).sum().backward()
@@ -77,11 +89,21 @@ def test_policy_head_matches_autograd(rows, kind, width, action_dtype):
     _policy_head.backward(params.detach().numpy(), actions.numpy(), log_std_array, g_lp.numpy(), g_ent.numpy(),
                           g_params, g_log_std, choices)
     np.testing.assert_allclose(g_params, params.grad.numpy(), rtol=1e-5, atol=1e-5)
+    if kind == "masked":  # no probability, so no gradient, on what the mask forbids
+        assert (g_params[masked.numpy()] == 0.0).all()
     if log_std is not None:
         np.testing.assert_allclose(g_log_std, model.log_std.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
 @needs_native
+@needs_head
+@pytest.mark.parametrize("isa", ["avx2", "default"])
+def test_every_compiled_variant_of_the_policy_head_matches_autograd(isa):
+    """Its softmax's exps are compiled for AVX-512, AVX2+FMA and plain x86-64 and picked by the CPU at import;
+    FASTRL_ACTING_ISA caps the pick, so the variants this machine would not choose are tested too."""
+    run_tests_under_isa(__file__, "_policy_head", isa, "test_policy_head_matches_autograd and not every_compiled")
+
+
 def test_policy_head_rejects_what_it_cannot_read():
     params, lp, ent = np.zeros((4, 3), np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32)
     _policy_head.forward(params, np.array([0, 1, 2, 0], np.int32), None, lp, ent)

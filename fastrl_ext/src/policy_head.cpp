@@ -18,7 +18,10 @@
 // The math is fastrl.models.actor_critic's log_prob and entropy, which stay the reference (tests hold the
 // two together through torch's autograd). Everything float32, C-contiguous (numpy views of CPU tensors).
 #include "buffer_view.h"
+#include "exp_poly.h"
+#include "isa.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -127,26 +130,48 @@ Py_ssize_t action_at(const Head& h, Py_ssize_t i, Py_ssize_t options) {
     return a >= 0 && a < options ? static_cast<Py_ssize_t>(a) : -1;
 }
 
+// p[k] = exp(l[k] - m), m the row's largest logit, through exp_poly.h so that the loop vectorises (std::exp
+// is a call per logit) in each ISA variant (isa.h). A logit more than 86 below the largest (a masked one's
+// -1e9) gets exactly 0: std::exp's 1e-37 or less would not change a sum of at least 1.
+__attribute__((always_inline)) inline void shifted_exp(const float* l, float m, float* p, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) {
+        const float y = l[k] - m;
+        const float e = fastrl_ext::exp_in_range(std::max(y, -86.0f));
+        p[k] = y < -86.0f ? 0.0f : e;
+    }
+}
+
+using ExpFn = void (*)(const float*, float, float*, int64_t);
+void exp_default(const float* l, float m, float* p, int64_t n) { shifted_exp(l, m, p, n); }
+#if FASTRL_X86_VARIANTS
+FASTRL_TARGET_AVX2 void exp_avx2(const float* l, float m, float* p, int64_t n) { shifted_exp(l, m, p, n); }
+FASTRL_TARGET_AVX512 void exp_avx512(const float* l, float m, float* p, int64_t n) { shifted_exp(l, m, p, n); }
+const ExpFn exp_variants[] = {exp_default, exp_avx2, exp_avx512};  // by fastrl_ext::isa_level()
+#else
+const ExpFn exp_variants[] = {exp_default, exp_default, exp_default};
+#endif
+ExpFn exp_fn = exp_default;
+
 // Row i's log-softmax into logp[0..K) and softmax into p[0..K), returning its entropy. One exp per logit,
 // kept for p (= exp(l - m) / s) instead of taken again from logp: the head's scalar exps were ~half the
 // learner's minibatch at 100 logits (Minesweeper's cells), five per logit between forward and backward.
 float log_softmax_row(const float* l, Py_ssize_t K, float* logp, float* p) {
     float m = l[0];
     for (Py_ssize_t k = 1; k < K; ++k) m = l[k] > m ? l[k] : m;
+    // a row too short to fill a vector (CartPole's 2 logits) skips the call through the variant's pointer
+    if (K < 8) shifted_exp(l, m, p, K);
+    else exp_fn(l, m, p, K);
     float s = 0.0f;
-    for (Py_ssize_t k = 0; k < K; ++k) {
-        p[k] = std::exp(l[k] - m);
-        s += p[k];
-    }
+    for (Py_ssize_t k = 0; k < K; ++k) s += p[k];
     // (l - m) - log s, not l - (m + log s): where every logit is masked (-1e9) m + log s rounds back to m,
     // which made each log-prob 0 and the entropy 0 instead of log K (torch's log_softmax subtracts as here)
     const float log_s = std::log(s);
-    float ent = 0.0f;
-    for (Py_ssize_t k = 0; k < K; ++k) {
+    for (Py_ssize_t k = 0; k < K; ++k) {  // apart from the sum below, so that it vectorises
         logp[k] = (l[k] - m) - log_s;
         p[k] /= s;
-        ent -= p[k] * logp[k];
     }
+    float ent = 0.0f;
+    for (Py_ssize_t k = 0; k < K; ++k) ent -= p[k] * logp[k];
     return ent;
 }
 
@@ -301,4 +326,14 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_policy_head",
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__policy_head() { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__policy_head() {
+    PyObject* m = PyModule_Create(&module);
+    if (m == nullptr) return nullptr;
+    const int level = fastrl_ext::isa_level();
+    exp_fn = exp_variants[level];
+    if (PyModule_AddStringConstant(m, "ISA", fastrl_ext::isa_name(level)) != 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}

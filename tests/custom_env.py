@@ -143,6 +143,37 @@ class MaskedEnv(TwentyStepsEnv):
 gym.register("FastrlTestMasked-v0", entry_point=MaskedEnv)
 
 
+class JointMaskEnv(TwentyStepsEnv):
+    """Two choices at once (a row counted from 1, and a column) whose "action_mask" marks cells, not rows and
+    columns, as Jumanji's Minesweeper does: each step allows a random two of the six cells, rewards the later
+    one (row-major) with 1, and raises on a forbidden cell or an action outside the space, so a policy that
+    drew row and column apart, or left the row's start off, would kill its rollout worker at once."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict({"action_mask": gym.spaces.MultiBinary((2, 3)),
+                                                  "bias": gym.spaces.Box(0.0, 1.0, (1,), np.float32)})
+        self.action_space = gym.spaces.MultiDiscrete([2, 3], start=[1, 0])
+        self.allowed = np.ones((2, 3), dtype=np.int8)
+        self.steps = 0
+
+    def _obs(self):
+        self.allowed = np.zeros(6, dtype=np.int8)
+        self.allowed[self.np_random.choice(6, 2, replace=False)] = 1
+        self.allowed = self.allowed.reshape(2, 3)
+        return {"action_mask": self.allowed.copy(), "bias": np.ones(1, np.float32)}
+
+    def step(self, action):
+        if not self.action_space.contains(np.asarray(action, dtype=np.int64)):
+            raise ValueError(f"action {action} is outside {self.action_space}")
+        row, column = int(action[0]) - 1, int(action[1])
+        if not self.allowed[row, column]:
+            raise ValueError(f"cell {(row, column)} is forbidden by the mask {self.allowed.tolist()}")
+        return self._step(float(row * 3 + column == int(np.flatnonzero(self.allowed)[-1])))
+
+
+gym.register("FastrlTestJointMask-v0", entry_point=JointMaskEnv)
+
+
 class IndexEnv(TwentyStepsEnv):
     """Each step shows a random state as a bare Discrete index counted from 3 (gymnasium's `start`), as
     FrozenLake and Taxi observe, and the action in ANSWERS for that state earns 1. The answers are scrambled,

@@ -152,9 +152,11 @@ def test_a_gymnasium_env_of_hwc_images_learns_and_its_eval_draws_them_in_colour(
 
 
 # one acting layout each: an inference worker's TorchForward and fastrl_ext's draw (two choices), the rollout
-# workers' fastrl_ext kernel (a mask)
+# workers' fastrl_ext kernel (a mask, a joint mask)
 @pytest.mark.parametrize("env_id, acting", [("FastrlTestTwoChoices-v0", "inference"),
-                                            ("FastrlTestMasked-v0", "rollout")], ids=["two_choices", "masked"])
+                                            ("FastrlTestMasked-v0", "rollout"),
+                                            ("FastrlTestJointMask-v0", "rollout")],
+                         ids=["two_choices", "masked", "joint_mask"])
 def test_discrete_actions_beyond_one_plain_choice_learn_and_evaluate(tmp_path, env_id, acting):
     """In training (an inference worker acting for the rollout workers, or the rollout workers acting
     themselves) and in eval:
@@ -162,7 +164,9 @@ def test_discrete_actions_beyond_one_plain_choice_learn_and_evaluate(tmp_path, e
       (one read right earns ~12.5 of 20, guessing ~5.8); the env raises on an action not offset by its start.
     - masked: the env raises on an action its observed mask forbids (2 of 4 each step), so one forbidden draw
       kills a rollout worker and three replacements end the run. The policy must also learn from the mask
-      (the higher allowed action earns 1; a random allowed one ~10 of 20)."""
+      (the higher allowed action earns 1; a random allowed one ~10 of 20).
+    - joint_mask: the same with a mask over the cells of a row (counted from 1) and a column, which only one
+      categorical over the six cells can obey (env.joint_actions), each action unravelled on its way."""
     env = {"PYTHONPATH": str(ROOT / "tests")}
     run = RunProcess("--config", CARTPOLE, "--set", f"env.id=custom_env:{env_id}",
                      "--set", f"sampler.num_inference_workers={int(acting == 'inference')}",
@@ -171,6 +175,8 @@ def test_discrete_actions_beyond_one_plain_choice_learn_and_evaluate(tmp_path, e
     assert run.wait(180) == 0, run.output
     assert "mean return of the last 100 episodes reached 18" in run.output, run.output
     assert ("action_mask applied to the logits" in run.output) == (env_id == "FastrlTestMasked-v0"), run.output
+    assert ("action_mask applied to one categorical over the 6 combinations" in run.output) == \
+        (env_id == "FastrlTestJointMask-v0"), run.output
     evaluation = RunProcess(str(run.run_dir), "--episodes", "2", "--deterministic", command="eval", env=env)
     assert evaluation.wait(120) == 0, evaluation.output
     assert re.search(r"return (1[89]|20)\.\d\d ", evaluation.output), evaluation.output

@@ -206,12 +206,25 @@ def test_a_step_at_a_slot_boundary_is_refused_before_anything_is_done():
     (dict(groups=()), ValueError, "groups"),
     (dict(moments=np.zeros(3)), ValueError, "returns and moments"),
     (dict(version="x"), TypeError, "integer"),
+    (dict(joint=np.array([3, 4], np.int64)), ValueError, "joint must be int32"),
+    (dict(joint=np.array([3, 4], np.int32)), ValueError, "env_actions must hold N actions"),  # 2 per env
+    (dict(action_start=np.zeros(2, np.int32)), ValueError, "action_start must be int32, one per choice"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_written(change, error, match):
     side = Side(DISCRETE, 1, False, False, 0.0)
     before = side.state()
     with pytest.raises(error, match=match):
         side.native_steps(2, **change)
+    assert side.state() == before
+
+
+def test_joint_and_starts_are_for_discrete_actions():
+    side = Side(CONTINUOUS, 1, False, False, 0.0)
+    before = copy.deepcopy(side.state())
+    with pytest.raises(ValueError, match="joint is for one categorical"):
+        side.native_steps(2, joint=np.array([1, 2], np.int32))
+    with pytest.raises(ValueError, match="action_start is for int32 actions"):
+        side.native_steps(2, action_start=np.zeros(2, np.int32))
     assert side.state() == before
 
 

@@ -141,16 +141,3 @@ class RunProcess:
 
     def leftover_segments(self) -> list[str]:
         return [p.name for p in Path("/dev/shm").glob(f"fastrl.{self.proc.pid}.*")]
-
-
-def run_tests_under_isa(test_file: str, module: str, isa: str, select: str) -> None:
-    """Runs the tests of `test_file` that match `select` (pytest -k) in a fresh interpreter with
-    FASTRL_ACTING_ISA=isa, after checking that fastrl_ext.<module> picks that variant there ("default"
-    on a CPU without it): the compiled variants this machine would not choose get tested too."""
-    env = dict(os.environ, FASTRL_ACTING_ISA=isa)
-    chosen = subprocess.run([sys.executable, "-c", f"import fastrl_ext; print(fastrl_ext.{module}.ISA)"],
-                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
-    assert chosen.stdout.strip() in (isa, "default"), chosen.stdout + chosen.stderr
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k", select],
-                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
-    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]

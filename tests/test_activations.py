@@ -8,7 +8,6 @@ import torch
 
 import fastrl.models.activations as activations
 from fastrl.models.activations import MIN_NUMEL_GRAD, MIN_NUMEL_NO_GRAD, Tanh, _Tanh, tanh
-from helpers import run_tests_under_isa
 
 needs_native = pytest.mark.skipif(activations._native is None, reason="fastrl_ext not built")
 
@@ -107,14 +106,6 @@ def test_native_kernels_reject_what_they_cannot_read():
         native.tanh_backward(np.zeros((4, 4), np.float32)[:, ::2], np.zeros(8, np.float32), np.zeros(8, np.float32))
     with pytest.raises(TypeError, match="takes 3 arguments"):
         native.tanh_backward(np.zeros(4, np.float32), np.zeros(4, np.float32))
-
-
-@needs_native
-@pytest.mark.parametrize("isa", ["avx2", "default"])
-def test_every_compiled_variant_matches_torch(isa):
-    """The kernels are compiled for AVX-512, AVX2+FMA and plain x86-64 and picked by the CPU at import;
-    FASTRL_ACTING_ISA caps the pick, so the variants this machine would not choose are tested too."""
-    run_tests_under_isa(__file__, "_activations", isa, "match_torch and not every_compiled")
 
 
 def test_under_inference_mode_and_bf16_autocast():

@@ -27,7 +27,6 @@ from fastrl.models import ActorCritic, native_mlp
 from fastrl_ext import _policy_head
 from fastrl.models.actor_critic import MASKED_LOGIT
 from helpers import HALFCHEETAH as CHEETAH  # an MLP at HalfCheetah's shape
-from helpers import run_tests_under_isa
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_native = pytest.mark.skipif(_policy_head is None or not native_mlp.pays(),
@@ -93,15 +92,6 @@ def test_policy_head_matches_autograd(rows, kind, width, action_dtype):
         assert (g_params[masked.numpy()] == 0.0).all()
     if log_std is not None:
         np.testing.assert_allclose(g_log_std, model.log_std.grad.numpy(), rtol=1e-4, atol=1e-4)
-
-
-@needs_native
-@needs_head
-@pytest.mark.parametrize("isa", ["avx2", "default"])
-def test_every_compiled_variant_of_the_policy_head_matches_autograd(isa):
-    """Its softmax's exps are compiled for AVX-512, AVX2+FMA and plain x86-64 and picked by the CPU at import;
-    FASTRL_ACTING_ISA caps the pick, so the variants this machine would not choose are tested too."""
-    run_tests_under_isa(__file__, "_policy_head", isa, "test_policy_head_matches_autograd and not every_compiled")
 
 
 def test_policy_head_rejects_what_it_cannot_read():

@@ -21,7 +21,6 @@ from fastrl.envs import resolve_env
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
 from fastrl.models import native_mlp
-from helpers import run_tests_under_isa
 from helpers import HALFCHEETAH as CHEETAH  # an MLP at HalfCheetah's shape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,11 +217,3 @@ def test_normalize_is_the_normalisers_forward_bit_for_bit(rows, features):
         native_mlp._native.normalize(x.numpy(), norm.mean.numpy(), std.numpy(), 5.0, out[:, :1].copy())
     with pytest.raises(TypeError, match="float32"):
         native_mlp._native.normalize(x.double().numpy(), norm.mean.numpy(), std.numpy(), 5.0, out)
-
-
-@needs_native
-@pytest.mark.parametrize("isa", ["avx2", "default"])
-def test_every_compiled_variant_matches_torch(isa):
-    """The kernel is compiled for AVX-512, AVX2+FMA and plain x86-64 and picked by the CPU at import;
-    FASTRL_ACTING_ISA caps the pick, so the variants this machine would not choose are tested too."""
-    run_tests_under_isa(__file__, "_mlp", isa, "match_torch and not every_compiled")

@@ -15,7 +15,7 @@ from fastrl.config import load_config
 from fastrl.envs.spec import EnvSpec
 from fastrl.models import ActorCritic
 from fastrl.models.numpy_policy import NumpyPolicy, acting_backend, unsupported_reason
-from helpers import ROOT, run_tests_under_isa
+from helpers import ROOT
 from helpers import SMALL_DISCRETE as DISCRETE
 from helpers import MASKED_DISCRETE as MASKED
 from helpers import MASKED_CHOICES, TWO_CHOICES
@@ -333,14 +333,6 @@ def test_native_acting_off_or_unbuilt_uses_the_numpy_reference():
         ra, rlp, rv = policy.act(obs, np.random.default_rng(0))
         np.testing.assert_array_equal(a, ra)
         np.testing.assert_array_equal(v, rv)
-
-
-@needs_native
-@pytest.mark.parametrize("isa", ["avx2", "default"])
-def test_every_compiled_variant_matches_the_reference(isa):
-    """The kernel is compiled for AVX-512, AVX2+FMA and plain x86-64 and picked by the CPU at import;
-    FASTRL_ACTING_ISA caps the pick, so the variants this machine would not choose are tested too."""
-    run_tests_under_isa(__file__, "_acting", isa, "native_act_matches or native_tanh")
 
 
 @needs_native

@@ -14,7 +14,6 @@ import torch
 from fastrl.algo.bf16_copy import _native_sum
 from fastrl.algo.flat_params import memory_flat
 from fastrl_ext import _optim
-from helpers import run_tests_under_isa
 
 
 def _pieces(count, n, seed=0):
@@ -164,10 +163,3 @@ def test_native_sum_falls_back_on_layouts_and_dtypes_it_does_not_take():
     nchw = [p.contiguous() for p in cl]  # another memory order than dst's
     assert _native_sum([dst], [nchw]) is None
     assert _native_sum([torch.empty(10)], [[torch.randn(10)]]) is None  # an fp32 piece (a Gaussian's log-std)
-
-
-@pytest.mark.parametrize("isa", ["avx2", "default"])
-def test_every_compiled_variant_matches_torch(isa):
-    """This machine picks its widest variant; the others are checked in a subprocess that caps the pick."""
-    run_tests_under_isa(__file__, "_optim", isa,
-                        "sum_matches_torch or non_finite or sum_squares or adam_step_matches or specials")

@@ -56,4 +56,3 @@ def test_native_rollout_steps_train_bit_for_bit_as_the_python_steps(tmp_path, pr
     native = _losses(tmp_path, "native", *overrides, preset=preset)
     python = _losses(tmp_path, "python", *overrides, "--set", "system.native_rollout_loop=false", preset=preset)
     assert len(native) >= 10 and native == python
-

@@ -94,8 +94,7 @@ def test_not_a_checkpoint_and_misused_flag(capsys, run_dir, tmp_path):
     assert_refused(code, capsys.readouterr().err, "--checkpoint is for --resume")
 
 
-def _save_forever(directory: str, first_saved) -> None:
-    state = {"model": {"w": torch.randn(1_000_000)}, "optimizer": {}, "policy_version": 0, "env_steps": 0}
+def _save_forever(directory: str, state: dict, first_saved) -> None:
     step = 0
     while True:
         step += 1
@@ -104,15 +103,18 @@ def _save_forever(directory: str, first_saved) -> None:
 
 
 def test_a_save_killed_at_any_moment_leaves_only_complete_checkpoints(tmp_path):
-    # The kill is timed from the child's first complete save, not from its start: a spawned child
-    # spends seconds importing torch on a loaded box, and a fixed sleep then killed it before it
-    # had saved anything (CI, stop 12). Each save takes ~10-50 ms, so a random delay of up to
-    # 0.4 s lands anywhere inside one of several saves, including mid-write and mid-rename.
-    ctx = mp.get_context("spawn")
+    # The kill is timed from the child's first complete save, not from its start: a child can start
+    # slowly on a loaded box, and a fixed sleep then killed it before it had saved anything (CI, stop
+    # 12). Each save takes ~10-50 ms, so a random delay of up to 0.4 s lands anywhere inside one of
+    # several saves, including mid-write and mid-rename. The children are forked, not spawned as the
+    # product's processes are: each spawn spent ~2 s importing torch again, 16 s of the suite, to run
+    # only torch.save, which starts no threads (the tensor is made here, before the fork).
+    ctx = mp.get_context("fork")
+    state = {"model": {"w": torch.randn(1_000_000)}, "optimizer": {}, "policy_version": 0, "env_steps": 0}
     rng = random.Random(0)
     for _ in range(8):
         first_saved = ctx.Event()
-        p = ctx.Process(target=_save_forever, args=(str(tmp_path), first_saved))
+        p = ctx.Process(target=_save_forever, args=(str(tmp_path), state, first_saved))
         p.start()
         assert first_saved.wait(120), "the saving child never completed a first checkpoint"
         time.sleep(rng.random() * 0.4)

@@ -89,9 +89,9 @@ def test_hung_env_is_detected_by_heartbeat_and_replaced(tmp_path):
 
 
 def test_envs_slow_to_make_are_not_taken_for_a_hang(tmp_path):
-    # 16 envs per group at 0.4 s each: every group takes 6.4 s to make in one call, twice the heartbeat
+    # 16 envs per group at 0.25 s each: every group takes 4 s to make in one call, twice the heartbeat
     # timeout (hundreds of Atari envs at idle priority took minutes, and were replaced as hung)
-    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(make_delay_s=0.4), "--set", "system.heartbeat_timeout_s=3",
+    run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(make_delay_s=0.25), "--set", "system.heartbeat_timeout_s=2",
                      "--set", "run.train_for_env_steps=60000", runs_dir=tmp_path)
     assert run.wait(150) == 0, run.output
     assert "WARNING" not in run.output, run.output
@@ -133,17 +133,17 @@ def test_a_pause_of_the_whole_run_is_not_taken_for_a_hang(tmp_path):
     # laptop's suspend does much the same, with a wall clock that jumps on waking. Paused past the
     # heartbeat timeout, the workers were then replaced as hung (and the learner, had it been looked
     # at first, would have stopped the run).
-    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "system.heartbeat_timeout_s=3",
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "system.heartbeat_timeout_s=2",
                      "--set", "run.train_for_env_steps=100000000", runs_dir=tmp_path)
     assert run.wait_for("learner busy", 60) and run.wait_for("return(last", 60), run.output
     run.track_children()
     group = [run.proc.pid, *sorted(run.children)]
     for pid in group:
         os.kill(pid, signal.SIGSTOP)
-    time.sleep(8.0)
+    time.sleep(5.0)  # 2.5 heartbeat timeouts
     for pid in group:
         os.kill(pid, signal.SIGCONT)
-    time.sleep(4.0)  # checked for a while after it: past the heartbeat timeout again
+    time.sleep(3.0)  # checked for a while after it: past the heartbeat timeout again
     run.proc.send_signal(signal.SIGINT)
     assert run.wait(30) == -signal.SIGINT, run.output
     assert "WARNING" not in run.output, run.output
@@ -154,10 +154,11 @@ def test_a_pause_of_the_whole_run_is_not_taken_for_a_hang(tmp_path):
 
 def test_a_learner_batch_longer_than_the_heartbeat_timeout_is_not_a_hang(tmp_path):
     # 300 epochs over a batch of 8192: each batch takes a few seconds, past the 2 s timeout, and the
-    # learner beat only between batches (a Pong batch of 16384 x 4 epochs took 38 s here, 8 would pass 60)
+    # learner beat only between batches (a Pong batch of 16384 x 4 epochs took 38 s here, 8 would pass 60).
+    # 20,000 env steps end the run after the first such batch (~4 s here); 30,000 waited for three.
     run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "algo.batch_size=8192", "--set", "algo.num_epochs=300",
                      "--set", "sampler.num_traj_buffers=24", "--set", "system.heartbeat_timeout_s=2",
-                     "--set", "run.train_for_env_steps=30000", runs_dir=tmp_path)
+                     "--set", "run.train_for_env_steps=20000", runs_dir=tmp_path)
     assert run.wait(150) == 0, run.output
     assert "WARNING" not in run.output and run.summary()["failure"] is None, run.output
     busy_s = [json.loads(line)["busy_s"] for line in (run.run_dir / "learner.jsonl").read_text().splitlines()]

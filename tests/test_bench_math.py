@@ -27,6 +27,12 @@ def test_window_rates_never_divide_by_zero_and_skip_short_tails():
     assert window_rates([(0.0, 7.0), (1.0, 7.0), (5.0, 7.0)], 1.0) == []  # a counter that never moved
 
 
+def test_a_measurement_shorter_than_one_window_is_one_window():
+    points = [(0.0, 0.0), (0.1, 100.0), (0.5, 300.0), (0.9, 900.0), (0.99, 900.0)]
+    assert window_rates(points, 1.0) == [pytest.approx(1000.0)]  # from the first change to the last
+    assert window_rates([(0.0, 0.0), (0.5, 3.0)], 1.0) == []  # one change: no span to divide by
+
+
 def test_window_rates_of_a_counter_that_jumps_a_batch_at_a_time():
     # the train stage: 1,024 env steps land at once every 2.1 s, the probe samples every 0.1 s
     points = [(k * 0.1, 1024.0 * int(k * 0.1 / 2.1)) for k in range(1, 301)]

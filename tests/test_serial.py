@@ -10,10 +10,13 @@ from helpers import ROOT, RunProcess
 pytestmark = pytest.mark.integration
 
 
-def _losses(tmp_path, name, *overrides, preset="cartpole"):
-    run = RunProcess("--config", str(ROOT / f"configs/{preset}.yaml"), "--set", "system.serial=true",
-                     "--set", "run.train_for_env_steps=15000", "--set", "run.stop_at_mean_return=null", *overrides,
-                     runs_dir=tmp_path, name=name)
+def _start(tmp_path, name, *overrides, preset="cartpole") -> RunProcess:
+    return RunProcess("--config", str(ROOT / f"configs/{preset}.yaml"), "--set", "system.serial=true",
+                      "--set", "run.train_for_env_steps=15000", "--set", "run.stop_at_mean_return=null", *overrides,
+                      runs_dir=tmp_path, name=name)
+
+
+def _losses(run: RunProcess) -> list[tuple]:
     assert run.wait(120) == 0, run.output
     assert "serial debug mode" in run.output and run.child_names() == set()
     rows = [json.loads(line) for line in (run.run_dir / "learner.jsonl").read_text().splitlines()]
@@ -21,6 +24,8 @@ def _losses(tmp_path, name, *overrides, preset="cartpole"):
             for r in rows]
 
 
+# Each test's two runs go side by side, one per core: a serial run is one process whose losses do not
+# depend on timing (what these tests check), and one after the other they cost ~8 s a test.
 @pytest.mark.parametrize("variant", ["inference_worker", "in_rollout", "in_rollout_torch", "learner_shards",
                                      "shared_envpool"])
 def test_serial_mode_is_bit_reproducible(tmp_path, variant):
@@ -33,7 +38,8 @@ def test_serial_mode_is_bit_reproducible(tmp_path, variant):
     if variant == "learner_shards":  # the pieces' gradients are summed in a fixed order, whichever thread ends first
         overrides += ("--set", "system.learner_shards=2", "--set", "algo.minibatch_unit=samples",
                       "--set", "algo.num_minibatches=4")
-    a, b = _losses(tmp_path, "a", *overrides), _losses(tmp_path, "b", *overrides)
+    runs = _start(tmp_path, "a", *overrides), _start(tmp_path, "b", *overrides)
+    a, b = (_losses(run) for run in runs)
     assert len(a) >= 10 and a == b  # exact float equality, every batch
 
 
@@ -53,6 +59,7 @@ def test_serial_mode_is_bit_reproducible(tmp_path, variant):
         "foraging_choices", "minesweeper_joint"])
 def test_native_rollout_steps_train_bit_for_bit_as_the_python_steps(tmp_path, preset, overrides):
     """fastrl_ext._rollout runs the steps between slot boundaries; pump every step (its reference)."""
-    native = _losses(tmp_path, "native", *overrides, preset=preset)
-    python = _losses(tmp_path, "python", *overrides, "--set", "system.native_rollout_loop=false", preset=preset)
+    runs = (_start(tmp_path, "native", *overrides, preset=preset),
+            _start(tmp_path, "python", *overrides, "--set", "system.native_rollout_loop=false", preset=preset))
+    native, python = (_losses(run) for run in runs)
     assert len(native) >= 10 and native == python

@@ -78,10 +78,10 @@ def _wait_for_process(run: RunProcess, title: str, timeout_s: float = 30.0) -> i
 
 def test_hung_env_is_detected_by_heartbeat_and_replaced(tmp_path):
     run = RunProcess("--config", CARTPOLE, *SHORT, *faulty(hang_after=3000, fault_dir=str(tmp_path / "f")),
-                     "--set", "system.heartbeat_timeout_s=3", "--set", "run.train_for_env_steps=10000000",
-                     # long enough for the hang (~1 s in), its 3 s of silence and the replacement, however
+                     "--set", "system.heartbeat_timeout_s=2", "--set", "run.train_for_env_steps=10000000",
+                     # long enough for the hang (~1 s in), its 2 s of silence and the replacement, however
                      # fast the box: the healthy worker alone once reached a 150k-step end before that
-                     "--set", "run.train_for_seconds=12", runs_dir=tmp_path)
+                     "--set", "run.train_for_seconds=9", runs_dir=tmp_path)
     assert run.wait(150) == 0, run.output
     assert "sent no heartbeat" in run.output and "replaced it" in run.output
     assert_counters_consistent(run.summary())

@@ -8,10 +8,12 @@ LEARNER_HEADERS = ["fastrl_ext/src/buffer_view.h"]
 RECORD_CORE = "fastrl_ext/src/record_core.h"  # the recording arithmetic, shared by _record and _rollout
 ACTING_API = "fastrl_ext/src/acting_api.h"    # what _acting's capsule hands _rollout
 ACTING_PLAN = "fastrl_ext/src/acting_plan.h"  # the acting MLP's plan format and its check
+ACTING_DENSE = "fastrl_ext/src/acting_dense.h"  # its dense layers, a row or a block of rows at a time
 CATEGORICAL_DRAW = "fastrl_ext/src/categorical_draw.h"  # _acting's draw, in its kernel and sample_categorical
 EXP_POLY = "fastrl_ext/src/exp_poly.h"        # a vectorisable exp, for tanh_row.h and _policy_head's softmax
 TANH_ROW = "fastrl_ext/src/tanh_row.h"        # the vectorisable tanh of _acting and _activations
 ISA = "fastrl_ext/src/isa.h"                  # their instruction-set variant, picked at import
+VECTORS = "fastrl_ext/src/vectors.h"          # one vector type per variant, for _mlp's and _acting's products
 BF16 = "fastrl_ext/src/bf16.h"                # float32 -> bf16 rounding, shared by _frames and _optim
 
 
@@ -32,10 +34,11 @@ setup(
         # no fused multiply-adds: the reward scaler's float64 arithmetic matches numpy's bit for bit
         native_module("record", [*LEARNER_HEADERS, RECORD_CORE], flags=["-ffp-contract=off"]),
         # -O3: GCC 12 vectorises the MLP's row loops (trip counts known only at run time) only there
-        native_module("acting", [*LEARNER_HEADERS, ACTING_API, ACTING_PLAN, CATEGORICAL_DRAW, TANH_ROW, EXP_POLY, ISA],
+        native_module("acting", [*LEARNER_HEADERS, ACTING_API, ACTING_PLAN, ACTING_DENSE, CATEGORICAL_DRAW, TANH_ROW,
+                                 EXP_POLY, ISA, VECTORS],
                       optimize="-O3", flags=["-fno-trapping-math"]),
         # the learner's MLP forward and backward, one call each: the same tanh loop, products vectorised the same way
-        native_module("mlp", [*LEARNER_HEADERS, TANH_ROW, EXP_POLY, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
+        native_module("mlp", [*LEARNER_HEADERS, TANH_ROW, EXP_POLY, ISA, VECTORS], optimize="-O3", flags=["-fno-trapping-math"]),
         # the learner's tanh: the same loop and flags as _acting's
         native_module("activations", [*LEARNER_HEADERS, TANH_ROW, EXP_POLY, ISA], optimize="-O3", flags=["-fno-trapping-math"]),
         # the CNN's input from uint8 frames (cast, scale, relayout in one pass), vectorised the same way

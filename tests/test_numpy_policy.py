@@ -210,6 +210,37 @@ def test_native_act_matches_the_numpy_reference(spec, overrides):
     assert np.abs(ref[2]).max() > 0.1 and len(set(ref[0].reshape(-1).tolist())) > 1  # not trivially equal
 
 
+@needs_native
+@pytest.mark.parametrize("spec, overrides", [
+    # a 100-wide layer: whole chunks of outputs for every vector width, then outputs left over; a 37-wide one
+    (DISCRETE, ["model.hidden_sizes=[100, 37]", "model.shared_encoder=false"]),
+    (CONTINUOUS, ["model.hidden_sizes=[64, 64]", "model.activation=relu", "model.normalize_obs=true"]),
+], ids=["cat-100-37", "gauss-relu-64-64"])
+def test_native_act_matches_itself_row_by_row_in_blocks_of_rows(spec, overrides):
+    """The kernel takes its wide layers 4 rows at a time (each chunk of W loaded once for the 4); a row's
+    results are the same float32 sums in the same order as alone, bit for bit, whichever rows share its
+    block: 7 rows are one block and 3 rows alone, each of which is checked against a call of its own."""
+    _, policy = _model_and_policy(spec, *overrides)
+    native = _native_twin(policy)
+    rng = np.random.default_rng(5)
+    obs = (rng.standard_normal((7, *spec.obs_shape)) * 3).astype(np.float32)
+    random = native._random(7, rng)
+
+    def act(rows):
+        out = (np.empty(len(rows), np.int64) if spec.discrete else np.empty((len(rows), spec.num_actions), np.float32),
+               np.empty(len(rows), np.float32), np.empty(len(rows), np.float32))
+        native._act_mlp(native.plan, native.block, np.ascontiguousarray(obs[rows]),
+                        np.ascontiguousarray(random[rows].reshape(len(rows), -1) if not spec.discrete
+                                             else random[rows, 0]), *out)
+        return out
+
+    together = act(list(range(7)))
+    for i in range(7):
+        for name, batch, alone in zip(("actions", "log_probs", "values"), together, act([i])):
+            np.testing.assert_array_equal(batch[i], alone[0], err_msg=f"{name} of row {i}")
+    assert len(set(together[2].tolist())) == 7  # the rows differ
+
+
 def _gaussian_through_tanh(bias: np.ndarray) -> NumpyPolicy:
     """mean_j = tanh(x + bias_j): one observation feature, one tanh layer as wide as `bias`, an
     identity head, and a std of e^-40, so each action is one tanh value."""

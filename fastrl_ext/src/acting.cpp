@@ -21,14 +21,16 @@
 // nanoseconds of arithmetic. With the forward made free (a measurement hack, bench/README "Native
 // acting"), CartPole's rollout workers sampled 2x and the whole run trained 1.5x as fast.
 //
-// The plan it reads, and the network that plan describes: acting_plan.h. The categorical draw, and
-// `sample_categorical` (the draw alone, after a forward that ran elsewhere): categorical_draw.h.
+// The plan it reads, and the network that plan describes: acting_plan.h. Its dense layers, a row or a
+// block of rows at a time: acting_dense.h. The categorical draw, and `sample_categorical` (the draw alone,
+// after a forward that ran elsewhere): categorical_draw.h.
 #include "acting_api.h"
+#include "acting_dense.h"
 #include "acting_plan.h"
 #include "categorical_draw.h"
 #include "buffer_view.h"
 #include "isa.h"
-#include "tanh_row.h"
+#include "vectors.h"
 
 #include <algorithm>
 #include <cmath>
@@ -40,8 +42,10 @@
 namespace {
 
 using View = fastrl_ext::BufferView;
-using fastrl_ext::tanh_row;
 using fastrl_ext::acting::Layer;
+using fastrl_ext::acting::ROWS;
+using fastrl_ext::acting::dense_row;
+using fastrl_ext::acting::dense_rows;
 using fastrl_ext::acting::MASKED_LOGIT;
 using fastrl_ext::acting::py_sample_categorical;
 using fastrl_ext::acting::Net;
@@ -55,149 +59,128 @@ constexpr float NORM_CLIP = 10.0f;
 enum Arg { PLAN, PARAMS, OBS, RANDOM, ACTIONS, LOG_PROBS, VALUES, NUM_ARGS };
 const char* const NAMES[NUM_ARGS] = {"plan", "params", "obs", "random", "actions", "log_probs", "values"};
 
-// Accumulators of one chunk of a row's outputs stay in registers across the whole input loop; the
-// straightforward loop (y[j] += x[k] W[k, j] over memory) is bound by store-to-load forwarding.
-constexpr int64_t CHUNK = 64;
-constexpr int64_t LANES = 16;
-
-// y[j0 .. j0 + C) of one row, for W stored (in, out), its C accumulators held across the input loop
-template <int64_t C>
-__attribute__((always_inline)) inline void dense_chunk(const Layer& l, const float* x, float* y, int64_t j0) {
-    float acc[C];
-    for (int64_t j = 0; j < C; ++j) acc[j] = l.b[j0 + j];
-    for (int64_t k = 0; k < l.in; ++k) {
-        const float xk = x[k];
-        const float* w = l.w + k * l.out + j0;
-        for (int64_t j = 0; j < C; ++j) acc[j] += xk * w[j];
-    }
-    for (int64_t j = 0; j < C; ++j) y[j0 + j] = acc[j];
-}
-
-// y[j] = b[j] + sum_k x[k] W[k, j] for one row, W stored (in, out): the wide layers
-__attribute__((always_inline)) inline void dense_wide(const Layer& l, const float* x, float* y) {
-    int64_t j0 = 0;
-    for (; j0 + CHUNK <= l.out; j0 += CHUNK) dense_chunk<CHUNK>(l, x, y, j0);
-    for (; j0 + LANES <= l.out; j0 += LANES) dense_chunk<LANES>(l, x, y, j0);
-    for (; j0 < l.out; ++j0) dense_chunk<1>(l, x, y, j0);
-}
-
-// the same for W stored (out, in): the narrow heads, one dot product per output in LANES partial sums
-__attribute__((always_inline)) inline void dense_narrow(const Layer& l, const float* x, float* y) {
-    const int64_t in = l.in;
-    for (int64_t j = 0; j < l.out; ++j) {
-        const float* w = l.w + j * in;
-        float part[LANES] = {};
-        int64_t k = 0;
-        for (; k + LANES <= in; k += LANES) {
-            for (int64_t i = 0; i < LANES; ++i) part[i] += x[k + i] * w[k + i];
-        }
-        float acc = 0.0f;
-        for (; k < in; ++k) acc += x[k] * w[k];
-        for (int64_t i = 0; i < LANES; ++i) acc += part[i];
-        y[j] = l.b[j] + acc;
-    }
-}
-
-// y = act(x W + b) for one row
-__attribute__((always_inline)) inline void dense_row(const Layer& l, const float* x, float* y, int act) {
-    if (l.by_output) {
-        dense_narrow(l, x, y);
-    } else {
-        dense_wide(l, x, y);
-    }
-    const int64_t out = l.out;
-    if (act == 1) {
-        tanh_row(y, y, out);
-    } else if (act == 2) {
-        for (int64_t j = 0; j < out; ++j) y[j] = std::max(y[j], 0.0f);
-    }
-}
-
-// Runs the layers on row `x` (width net.D) through the ping-pong buffers; returns the last output.
+// Runs the layers on row `x` (width net.D), or on ROWS rows `stride` floats apart when BLOCK, through the
+// ping-pong buffers; returns the last output.
+template <typename V, bool BLOCK>
 __attribute__((always_inline)) inline const float* trunk(const Net& net, const std::vector<Layer>& layers,
-                                                          const float* x, float* buf0, float* buf1) {
+                                                          const float* x, float* buf0, float* buf1, int64_t stride) {
     const int act = net.relu ? 2 : 1;
     const float* in = x;
     float* out = buf0;
     for (const Layer& l : layers) {
-        dense_row(l, in, out, act);
+        if (BLOCK) {
+            dense_rows<V>(l, in, out, stride, act);
+        } else {
+            dense_row(l, in, out, act);
+        }
         in = out;
         out = (out == buf0) ? buf1 : buf0;
     }
     return in;
 }
 
-// The whole batch, compiled below once per instruction set; `act_batch` picks one by the CPU.
+// Row i's action and log-prob from its head outputs (the policy's params) and its random numbers.
+__attribute__((always_inline)) inline void act_from_head(const Net& net, const float* o, float* head,
+                                                         const float* random, int64_t i, int64_t* actions_i,
+                                                         float* actions_f, float* log_probs) {
+    const int64_t A = net.A;
+    if (net.mask_column >= 0) {
+        const float* allowed = o + net.mask_column;
+        for (int64_t j = 0; j < A; ++j) head[j] = allowed[j] > 0.5f ? head[j] : MASKED_LOGIT;
+    }
+    if (net.discrete && net.choices.empty()) {
+        categorical_row(head, A, random[i], &actions_i[i], &log_probs[i]);
+    } else if (net.discrete) {
+        const int64_t K = static_cast<int64_t>(net.choices.size());
+        const float* logits = head;
+        float log_prob = 0.0f;
+        for (int64_t c = 0; c < K; ++c) {
+            float choice_log_prob;
+            categorical_row(logits, net.choices[c], random[i * K + c], &actions_i[i * K + c], &choice_log_prob);
+            log_prob += choice_log_prob;
+            logits += net.choices[c];
+        }
+        log_probs[i] = log_prob;
+    } else {
+        const float* noise = random + i * A;
+        float sq = 0.0f;
+        for (int64_t j = 0; j < A; ++j) {
+            actions_f[i * A + j] = head[j] + net.std_dev[j] * noise[j];
+            sq += noise[j] * noise[j];
+        }
+        log_probs[i] = -0.5f * sq + net.log_prob_const;
+    }
+}
+
+// Rows [i0, i0 + ROWS) when BLOCK, else row i0 alone: the forward, then each row's draw.
+template <typename V, bool BLOCK>
+__attribute__((always_inline)) inline void act_some_rows(const Net& net, const float* obs, const float* random,
+                                                         int64_t i0, int64_t* actions_i, float* actions_f,
+                                                         float* log_probs, float* values, float* work) {
+    constexpr int64_t rows = BLOCK ? ROWS : 1;
+    const int64_t W = net.widest, D = net.D;
+    const int64_t part = rows * W;  // each buffer holds `rows` rows, W floats apart
+    float* x = work;
+    float* a0 = work + part;
+    float* a1 = work + 2 * part;
+    float* c0 = work + 3 * part;
+    float* c1 = work + 4 * part;
+    float* head = work + 5 * part;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* o = obs + (i0 + r) * D;
+        float* xr = x + r * W;
+        if (net.normalized) {
+            for (int64_t k = 0; k < D; ++k)
+                xr[k] = std::min(std::max((o[k] - net.mean[k]) * net.inv_std[k], -NORM_CLIP), NORM_CLIP);
+        } else {
+            std::memcpy(xr, o, sizeof(float) * D);
+        }
+    }
+    const float* h = trunk<V, BLOCK>(net, net.actor, x, a0, a1, W);
+    const float* h_v = net.critic.empty() ? h : trunk<V, BLOCK>(net, net.critic, x, c0, c1, W);
+    if (BLOCK) {
+        dense_rows<V>(net.value_head, h_v, head, W, 0);
+    } else {
+        dense_row(net.value_head, h_v, head, 0);
+    }
+    for (int64_t r = 0; r < rows; ++r) values[i0 + r] = head[r * W];
+    if (BLOCK) {
+        dense_rows<V>(net.policy_head, h, head, W, 0);
+    } else {
+        dense_row(net.policy_head, h, head, 0);
+    }
+    for (int64_t r = 0; r < rows; ++r)
+        act_from_head(net, obs + (i0 + r) * D, head + r * W, random, i0 + r, actions_i, actions_f, log_probs);
+}
+
+// The whole batch, compiled below once per instruction set with its vector type V; `act_batch` picks one
+// by the CPU.
+template <typename V>
 __attribute__((always_inline)) inline void act_rows(const Net& net, const float* obs, const float* random, int64_t B,
                                                     int64_t* actions_i, float* actions_f, float* log_probs,
                                                     float* values, float* work) {
-    const int64_t W = net.widest;
-    float* x = work;
-    float* a0 = work + W;
-    float* a1 = work + 2 * W;
-    float* c0 = work + 3 * W;
-    float* c1 = work + 4 * W;
-    float* head = work + 5 * W;
-    const int64_t D = net.D, A = net.A;
-    for (int64_t i = 0; i < B; ++i) {
-        const float* o = obs + i * D;
-        if (net.normalized) {
-            for (int64_t k = 0; k < D; ++k)
-                x[k] = std::min(std::max((o[k] - net.mean[k]) * net.inv_std[k], -NORM_CLIP), NORM_CLIP);
-        } else {
-            std::memcpy(x, o, sizeof(float) * D);
-        }
-        const float* h = trunk(net, net.actor, x, a0, a1);
-        const float* h_v = net.critic.empty() ? h : trunk(net, net.critic, x, c0, c1);
-        dense_row(net.value_head, h_v, head, 0);
-        values[i] = head[0];
-        dense_row(net.policy_head, h, head, 0);
-        if (net.mask_column >= 0) {
-            const float* allowed = o + net.mask_column;
-            for (int64_t j = 0; j < A; ++j) head[j] = allowed[j] > 0.5f ? head[j] : MASKED_LOGIT;
-        }
-        if (net.discrete && net.choices.empty()) {
-            categorical_row(head, A, random[i], &actions_i[i], &log_probs[i]);
-        } else if (net.discrete) {
-            const int64_t K = static_cast<int64_t>(net.choices.size());
-            const float* logits = head;
-            float log_prob = 0.0f;
-            for (int64_t c = 0; c < K; ++c) {
-                float choice_log_prob;
-                categorical_row(logits, net.choices[c], random[i * K + c], &actions_i[i * K + c], &choice_log_prob);
-                log_prob += choice_log_prob;
-                logits += net.choices[c];
-            }
-            log_probs[i] = log_prob;
-        } else {
-            const float* noise = random + i * A;
-            float sq = 0.0f;
-            for (int64_t j = 0; j < A; ++j) {
-                actions_f[i * A + j] = head[j] + net.std_dev[j] * noise[j];
-                sq += noise[j] * noise[j];
-            }
-            log_probs[i] = -0.5f * sq + net.log_prob_const;
-        }
-    }
+    int64_t i = 0;
+    for (; i + ROWS <= B; i += ROWS) act_some_rows<V, true>(net, obs, random, i, actions_i, actions_f, log_probs, values, work);
+    for (; i < B; ++i) act_some_rows<V, false>(net, obs, random, i, actions_i, actions_f, log_probs, values, work);
 }
 
 using ActFn = void (*)(const Net&, const float*, const float*, int64_t, int64_t*, float*, float*, float*, float*);
 
 void act_default(const Net& net, const float* obs, const float* random, int64_t B, int64_t* actions_i,
                  float* actions_f, float* log_probs, float* values, float* work) {
-    act_rows(net, obs, random, B, actions_i, actions_f, log_probs, values, work);
+    act_rows<fastrl_ext::Vec4>(net, obs, random, B, actions_i, actions_f, log_probs, values, work);
 }
 
 #if FASTRL_X86_VARIANTS
 FASTRL_TARGET_AVX2 void act_avx2(const Net& net, const float* obs, const float* random, int64_t B, int64_t* actions_i,
                                  float* actions_f, float* log_probs, float* values, float* work) {
-    act_rows(net, obs, random, B, actions_i, actions_f, log_probs, values, work);
+    act_rows<fastrl_ext::Vec8>(net, obs, random, B, actions_i, actions_f, log_probs, values, work);
 }
 
 FASTRL_TARGET_AVX512 void act_avx512(const Net& net, const float* obs, const float* random, int64_t B,
                                      int64_t* actions_i, float* actions_f, float* log_probs, float* values,
                                      float* work) {
-    act_rows(net, obs, random, B, actions_i, actions_f, log_probs, values, work);
+    act_rows<fastrl_ext::Vec16>(net, obs, random, B, actions_i, actions_f, log_probs, values, work);
 }
 const ActFn act_variants[] = {act_default, act_avx2, act_avx512};  // by fastrl_ext::isa_level()
 #else
@@ -232,7 +215,7 @@ int act_net(const Net& net, const float* obs, int64_t obs_items, const float* ra
     const bool int32_actions = int_action_bytes == 4;
     // the work rows live as long as the thread; resized only when a wider network arrives
     thread_local std::vector<float> work;
-    if (static_cast<int64_t>(work.size()) < 6 * net.widest) work.resize(6 * net.widest);
+    if (static_cast<int64_t>(work.size()) < 6 * ROWS * net.widest) work.resize(6 * ROWS * net.widest);
     thread_local std::vector<int64_t> narrow;  // int64 actions before an int32 destination
     if (int32_actions && static_cast<int64_t>(narrow.size()) < B * per_action) narrow.resize(B * per_action);
     int64_t* actions_i = int32_actions ? narrow.data() : static_cast<int64_t*>(actions);

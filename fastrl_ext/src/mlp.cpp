@@ -24,6 +24,7 @@
 #include "buffer_view.h"
 #include "isa.h"
 #include "tanh_row.h"
+#include "vectors.h"
 
 namespace {
 
@@ -31,30 +32,12 @@ using View = fastrl_ext::BufferView;
 constexpr int CHUNK = 16;  // columns of B per register block
 constexpr int TANH = 0, RELU = 1;
 
-// The vector types the kernel is written in: GCC and clang compile each to one register of the
-// enclosing function's target. Written out because GCC 12 would not vectorise the accumulator arrays
-// of the plain loops across the k loop (they stayed scalar: ~3.5 GMAC/s); and one per target because a
-// 16-float type in an AVX2 function was lowered to element-by-element code (4x slower than torch).
-typedef float Vec16 __attribute__((vector_size(16 * sizeof(float))));  // AVX-512
-typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));    // AVX2
-typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));    // SSE2, the plain x86-64 baseline
-
-// Loads and stores go through a 4-byte-aligned alias of each type, GCC's idiom for an unaligned vector
-// access: a memcpy into an array of them became 16-byte pieces re-read as one wider load, a
-// store-forwarding stall that took half of the AVX2 variant's time.
-template <typename V> struct Unaligned;
-template <> struct Unaligned<Vec16> { typedef float type __attribute__((vector_size(64), aligned(4), may_alias)); };
-template <> struct Unaligned<Vec8> { typedef float type __attribute__((vector_size(32), aligned(4), may_alias)); };
-template <> struct Unaligned<Vec4> { typedef float type __attribute__((vector_size(16), aligned(4), may_alias)); };
-
-template <typename V>
-__attribute__((always_inline)) inline void load(V& v, const float* p) {
-    v = *reinterpret_cast<const typename Unaligned<V>::type*>(p);
-}
-template <typename V>
-__attribute__((always_inline)) inline void store(float* p, const V& v) {
-    *reinterpret_cast<typename Unaligned<V>::type*>(p) = v;
-}
+// The vector types the kernel is written in, one per target, and their unaligned loads and stores
+using fastrl_ext::Vec16;
+using fastrl_ext::Vec8;
+using fastrl_ext::Vec4;
+using fastrl_ext::load;
+using fastrl_ext::store;
 
 // Y[r0..r0+RB, c..c+width) = start + sum_k A[r, k] * B[k, 0..width), A[r, k] at A[r * a_row + k * a_k]
 // (so a transposed A is read in place), B with row stride ldb (B points at column c's chunk, or at a

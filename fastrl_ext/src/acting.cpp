@@ -160,7 +160,8 @@ __attribute__((always_inline)) inline void act_rows(const Net& net, const float*
                                                     int64_t* actions_i, float* actions_f, float* log_probs,
                                                     float* values, float* work) {
     int64_t i = 0;
-    for (; i + ROWS <= B; i += ROWS) act_some_rows<V, true>(net, obs, random, i, actions_i, actions_f, log_probs, values, work);
+    for (; i + ROWS <= B; i += ROWS)
+        act_some_rows<V, true>(net, obs, random, i, actions_i, actions_f, log_probs, values, work);
     for (; i < B; ++i) act_some_rows<V, false>(net, obs, random, i, actions_i, actions_f, log_probs, values, work);
 }
 

@@ -45,7 +45,7 @@ __attribute__((always_inline)) inline void dense_wide(const Layer& l, const floa
 }
 
 // y[r][j0 .. j0 + 2 vectors) for the ROWS rows x[r] (`stride` floats apart, in y too), W stored (in, out):
-// 8 accumulators, half of the registers of every target
+// 8 accumulators, half of SSE2's and AVX2's 16 registers (a quarter of AVX-512's 32)
 template <typename V>
 __attribute__((always_inline)) inline void dense_block(const Layer& l, const float* x, float* y, int64_t stride,
                                                        int64_t j0) {

@@ -71,9 +71,9 @@ def window_rates(points: list[tuple[float, float]], window_s: float) -> list[flo
         if t - t0 >= window_s:
             rates.append((c - c0) / (t - t0))
             t0, c0 = t, c
-    (t_first, c_first), (t_last, c_last) = edges[0], edges[-1]
-    if not rates and t_last > t_first:
-        rates.append((c_last - c_first) / (t_last - t_first))
+    whole = overall_rate(points) if not rates else None
+    if whole is not None:
+        rates.append(whole)
     return rates
 
 

@@ -88,6 +88,15 @@ __attribute__((always_inline)) inline void dense_narrow(const Layer& l, const fl
     }
 }
 
+// y = act(y) over n floats: 0 none, 1 tanh, 2 relu
+__attribute__((always_inline)) inline void activate(float* y, int64_t n, int act) {
+    if (act == 1) {
+        tanh_row(y, y, n);
+    } else if (act == 2) {
+        for (int64_t j = 0; j < n; ++j) y[j] = std::max(y[j], 0.0f);
+    }
+}
+
 // y = act(x W + b) for one row
 __attribute__((always_inline)) inline void dense_row(const Layer& l, const float* x, float* y, int act) {
     if (l.by_output) {
@@ -95,12 +104,7 @@ __attribute__((always_inline)) inline void dense_row(const Layer& l, const float
     } else {
         dense_wide(l, x, y);
     }
-    const int64_t out = l.out;
-    if (act == 1) {
-        tanh_row(y, y, out);
-    } else if (act == 2) {
-        for (int64_t j = 0; j < out; ++j) y[j] = std::max(y[j], 0.0f);
-    }
+    activate(y, l.out, act);
 }
 
 // y = act(x W + b) for the ROWS rows of x (`stride` floats apart, in y too)
@@ -117,14 +121,7 @@ __attribute__((always_inline)) inline void dense_rows(const Layer& l, const floa
     // the last outputs (fewer than C) row by row, the same sums
     for (; j0 < l.out; ++j0)
         for (int64_t r = 0; r < ROWS; ++r) dense_chunk<1>(l, x + r * stride, y + r * stride, j0);
-    for (int64_t r = 0; r < ROWS; ++r) {
-        float* yr = y + r * stride;
-        if (act == 1) {
-            tanh_row(yr, yr, l.out);
-        } else if (act == 2) {
-            for (int64_t j = 0; j < l.out; ++j) yr[j] = std::max(yr[j], 0.0f);
-        }
-    }
+    for (int64_t r = 0; r < ROWS; ++r) activate(y + r * stride, l.out, act);
 }
 
 }  // namespace fastrl_ext::acting

@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from fastrl.bench.components import env_worker, learner_on_synthetic_batch
+from fastrl.bench.components import learner_on_synthetic_batch
+from fastrl.bench.env_stage import env_worker
 from fastrl.workers.process import name_process_and_die_with_parent
 
 PRESET = "configs/atari_pong.yaml"

@@ -100,6 +100,25 @@ def spread(values: list[float], overall: float | None = None) -> Spread:
     return Spread(statistics.median(values), min(values), max(values), len(values), overall)
 
 
+StageProgress = Callable[[float, str], None]  # a stage's progress: (fraction done, text)
+
+
+@dataclass
+class ComponentResult:
+    """One isolated stage's figures (env, infer or learn), as `fastrl bench` reports them."""
+
+    rate: Spread             # per second of wall time, all cores the stage used
+    per_core: float          # per CPU second
+    cpu_cores_used: float    # CPU seconds / wall seconds over the measurement
+    measured_s: float
+    detail: dict
+
+    def as_dict(self, unit: str) -> dict:
+        return {f"{unit}_per_s": self.rate.as_dict(), f"{unit}_per_core_s": round(self.per_core, 1),
+                "cpu_cores_used": round(self.cpu_cores_used, 2), "measured_s": round(self.measured_s, 1),
+                **self.detail}
+
+
 @dataclass
 class ProcessUsage:
     """CPU and memory of one process over a measurement."""

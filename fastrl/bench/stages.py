@@ -8,7 +8,8 @@ import time
 
 import torch
 
-from fastrl.bench.components import bench_env, bench_infer, bench_learn
+from fastrl.bench.components import bench_infer, bench_learn
+from fastrl.bench.env_stage import bench_env
 from fastrl.host import available_cores
 from fastrl.bench.report import SCHEMA_VERSION, STAGES, Progress, summarize
 from fastrl.bench.rounds import combine_rounds, stage_rate

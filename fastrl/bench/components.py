@@ -33,7 +33,8 @@ def random_obs(spec: EnvSpec, shape: tuple, gen: torch.Generator) -> torch.Tenso
     return torch.randn((*shape, *spec.obs_shape), generator=gen)
 
 
-def _timed_loop(step: Callable[[], int], seconds: float, progress: StageProgress, label: str) -> tuple[list, int, float, float]:
+def _timed_loop(step: Callable[[], int], seconds: float, progress: StageProgress,
+                label: str) -> tuple[list, int, float, float]:
     """Run `step` (returns items done) repeatedly after one warm-up call; points for window rates."""
     step()
     points = [(0.0, 0.0)]

@@ -80,6 +80,37 @@ def test_chunked_no_grad_forward_gives_the_whole_batch_targets(monkeypatch):
             assert torch.allclose(pieces[key], whole[key], atol=1e-5), (rows, key)
 
 
+def test_behaviour_values_replace_the_batch_forward_but_its_bootstrap_row(monkeypatch):
+    """algo.vtrace_values=behaviour: V-trace's values are the recorded ones with the learner's value of the
+    last observations appended, its ratios 1 (the recorded log-probs unread), and the network sees only that
+    last row; the default reads the network's values over the whole batch."""
+    from test_vtrace import reference_lambda_returns
+
+    trainer, batch, cfg = _trainer_and_batch(["algo.minibatch_unit=samples", "algo.vtrace_values=behaviour",
+                                              "algo.rho_bar=0.5", "algo.c_bar=0.5"])  # unused with behaviour
+    batch = dict(batch, train_mask=batch["valid"].bool())
+    batch["terminated"][4, 1] = batch["truncated"][9, 2] = True
+    rows_seen = []
+    forward = trainer.net.forward
+    monkeypatch.setattr(trainer.net, "forward", lambda obs: rows_seen.append(obs.shape[0]) or forward(obs))
+    got = trainer._flat_samples_with_targets(batch)
+    T1, B = batch["obs"].shape[:2]
+    assert rows_seen == [B]
+    with torch.no_grad():
+        _, bootstrap = forward(batch["obs"][-1])
+    values = torch.cat([batch["values"], bootstrap[None]]).double()
+    want = reference_lambda_returns(batch["rewards"].double(), values, batch["terminated"], batch["truncated"],
+                                    cfg.algo.gamma, cfg.algo.vtrace_lambda)
+    torch.testing.assert_close(got["vs"].double(), want.reshape(-1), rtol=1e-5, atol=1e-5)
+    batch["log_probs"] = torch.randn(batch["log_probs"].shape) * 0.1 - 0.7  # ratios are not read
+    torch.testing.assert_close(trainer._flat_samples_with_targets(batch)["vs"], got["vs"])
+
+    trainer.cfg = dataclasses.replace(trainer.cfg, vtrace_values="learner")
+    rows_seen.clear()
+    learner = trainer._flat_samples_with_targets(batch)
+    assert sum(rows_seen) == T1 * B and not torch.allclose(learner["vs"], got["vs"], atol=1e-3)
+
+
 def test_minibatch_observations_are_the_drawn_samples_in_every_step():
     """Minibatch observations are gathered into one reused buffer; each step must still see
     exactly the samples its indices name."""

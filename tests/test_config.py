@@ -59,6 +59,8 @@ def run_cli(capsys, *args, tmp_path):
     (["--set", "system.sampler_nice=5"], "split into system.rollout_nice and system.inference_nice"),
     (["--set", "algo.minibatch_unit=samples", "--set", "algo.num_minibatches=3"], "must divide algo.batch_size"),
     (["--set", "algo.minibatch_unit=steps"], "algo.minibatch_unit"),
+    (["--set", "algo.vtrace_values=behaviour"], "algo.vtrace_values=behaviour replaces the batch's no-grad forward"),
+    (["--set", "algo.vtrace_values=acting"], "algo.vtrace_values"),
     (["--set", "env.id=CartPol-v1"], "close matches: CartPole-v1"),
     (["--set", "env.id=NoSuchGame-v9"], "unknown env id 'NoSuchGame-v9'"),
     (["--set", "env.kwargs={no_such_arg: 1}"], "could not make env"),

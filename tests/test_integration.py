@@ -229,9 +229,10 @@ def test_one_slot_per_batch_keeps_every_rollout_worker_sampling(tmp_path):
                                            "system.rollout_sched_policy=normal"]),
     ("python_rings", ["system.native_rings=false", "sampler.num_inference_workers=1"]),
     ("shared_envpool", ["sampler.env_pool=per_worker", "sampler.num_splits=2", "sampler.num_inference_workers=1"]),
-    ("sample_minibatches_nice_samplers", ["algo.minibatch_unit=samples", "sampler.num_inference_workers=1",
-                                          "system.rollout_nice=7", "system.inference_nice=3",
-                                          "system.learner_omp_wait=passive"]),
+    # V-trace on the values the inference worker recorded (the Pong preset's path)
+    ("sample_minibatches_behaviour_values_nice_samplers", [
+        "algo.minibatch_unit=samples", "algo.vtrace_values=behaviour", "sampler.num_inference_workers=1",
+        "system.rollout_nice=7", "system.inference_nice=3", "system.learner_omp_wait=passive"]),
     ("two_learner_shards_joining_when_behind", ["algo.minibatch_unit=samples", "system.learner_shards=2",
                                                 "system.learner_threads=1", "system.learner_serial_tail=0.5"]),
 ])
@@ -253,7 +254,7 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     assert started_nice["fastrl-rollout"] == started_nice["fastrl-learner"], log
     ready_nice = {name: int(n) for name, n in
                   re.findall(r"(fastrl-\w+)-0 INFO (?:ready to act|\d+ x \d+ envs reset).*, nice (\d+)", log)}
-    nice_variant = variant == "sample_minibatches_nice_samplers"
+    nice_variant = variant == "sample_minibatches_behaviour_values_nice_samplers"
     assert ready_nice["fastrl-rollout"] == min(19, started_nice["fastrl-learner"] + (7 if nice_variant else 0)), log
     if nice_variant:
         assert started_nice["fastrl-inference"] == started_nice["fastrl-learner"], log

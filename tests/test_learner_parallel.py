@@ -16,7 +16,9 @@ from fastrl.workers.learner import Learner
 from helpers import TINY_FRAMES as FRAMES
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["algo.batch_size=256", "algo.num_minibatches=4", "algo.num_epochs=2", "model.precision=bf16"]
+# the learner's values: its batch forward is one of the things a sharded learner asks about
+SMALL = ["algo.batch_size=256", "algo.num_minibatches=4", "algo.num_epochs=2", "model.precision=bf16",
+         "algo.vtrace_values=learner"]
 
 
 def _trainer(shards: int, split: str) -> APPOTrainer:

@@ -206,3 +206,38 @@ def test_native_refuses_what_it_cannot_read():
     vs.flags.writeable = False
     with pytest.raises(TypeError, match="vs_out must be a C-contiguous writable"):
         native.vtrace(log_ratios, rewards, values, terminated, truncated, vs, adv, 0.9, 1.0, 1.0, 1.0)
+
+
+def reference_lambda_returns(rewards, values, terminated, truncated, gamma, lam):
+    """GAE (Schulman et al., 2016, eq. 16) in its sum form: A_t = sum_{l>=0} (gamma lam)^l delta_{t+l}, the sum
+    ending at the first episode end, and the value target A_t + V(x_t); delta_t = r_t + gamma (1 - term_t)
+    V(x_{t+1}) - V(x_t), where a truncated step bootstraps from its final observation's value."""
+    T, B = rewards.shape
+    returns = torch.zeros(T, B, dtype=torch.float64)
+    for b in range(B):
+        V = [float(values[t, b]) for t in range(T + 1)]
+        delta = [float(rewards[t, b]) + gamma * (0.0 if terminated[t, b] else V[t + 1]) - V[t] for t in range(T)]
+        for s in range(T):
+            advantage, weight = 0.0, 1.0
+            for t in range(s, T):
+                advantage += weight * delta[t]
+                if terminated[t, b] or truncated[t, b]:
+                    break
+                weight *= gamma * lam
+            returns[s, b] = V[s] + advantage
+    return returns
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vtrace_with_importance_weights_of_1_is_gae(seed, vtrace):
+    """algo.vtrace_values=behaviour runs V-trace with log-ratios of 0 and rho_bar = c_bar = 1 on the acting
+    policy's values: its value targets must then be GAE's lambda-returns."""
+    gen = torch.Generator().manual_seed(seed)
+    T, B, gamma, lam = 24, 5, 0.99, 0.95
+    rewards = torch.randn(T, B, generator=gen, dtype=torch.float64)
+    values = torch.randn(T + 1, B, generator=gen, dtype=torch.float64)
+    terminated, truncated = random_episode_flags(T, B, gen)
+    assert terminated.any() and truncated.any()
+    got = vtrace(torch.zeros(T, B, dtype=torch.float64), rewards, values, terminated, truncated, gamma, 1.0, 1.0, lam)
+    torch.testing.assert_close(got.vs, reference_lambda_returns(rewards, values, terminated, truncated, gamma, lam),
+                               rtol=1e-9, atol=1e-9)

@@ -7,8 +7,9 @@ can be tested in-process.
 Two ways to cut a batch into minibatches (algo.minibatch_unit):
 - trajectories: whole trajectories per minibatch, V-trace re-run on each with the network as it
   is at that step (Sample Factory's APPO);
-- samples: V-trace once per batch from a no-grad forward over it, then minibatches of single
-  samples drawn across every trajectory (PPO's way). Samples of one trajectory are strongly
+- samples: V-trace once per batch from a no-grad forward over it (or from the values the acting
+  policy recorded, algo.vtrace_values=behaviour), then minibatches of single samples drawn across
+  every trajectory (PPO's way). Samples of one trajectory are strongly
   correlated, so for the same number of optimizer steps this gives less noisy gradients; on Pong
   it turned 4 steps per batch that learned too slowly into 16 cheap ones that learn.
 """
@@ -251,16 +252,26 @@ class APPOTrainer:
 
     @torch.no_grad()
     def _flat_samples_with_targets(self, batch: dict) -> dict:
-        """V-trace over the whole batch under the current network, then every per-step tensor
-        flattened to [T*B, ...] so that minibatches can draw single samples."""
+        """V-trace over the whole batch under the current network (or on the acting policy's values,
+        algo.vtrace_values=behaviour), then every per-step tensor flattened to [T*B, ...] so that
+        minibatches can draw single samples."""
         cfg = self.cfg
         obs = batch["obs"]
         if self.bf16_copy is not None:
             self.bf16_copy.refresh()
-        params, values = self._forward_time_major(obs, chunked=True)
-        log_ratios = self.net.log_prob(params, batch["actions"]) - batch["log_probs"]
+        if cfg.vtrace_values == "behaviour":
+            # the acting policy's values stand in for the forward over the batch; only the bootstrap
+            # observations, which no recorded step acted on yet, go through the learner's network
+            _, bootstrap = self.net(obs[-1])
+            values = torch.cat([batch["values"].to(bootstrap.dtype), bootstrap[None]])
+            # ratios of 1, untruncated: GAE's lambda-returns, whatever rho_bar and c_bar
+            log_ratios, rho_bar, c_bar = torch.zeros_like(batch["log_probs"]), 1.0, 1.0
+        else:
+            params, values = self._forward_time_major(obs, chunked=True)
+            log_ratios = self.net.log_prob(params, batch["actions"]) - batch["log_probs"]
+            rho_bar, c_bar = cfg.rho_bar, cfg.c_bar
         targets = vtrace(log_ratios, batch["rewards"], values, batch["terminated"],
-                         batch["truncated"], cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda,
+                         batch["truncated"], cfg.gamma, rho_bar, c_bar, cfg.vtrace_lambda,
                          native=cfg.native_vtrace)
         per_step = {"obs": obs[:-1], "actions": batch["actions"], "log_probs": batch["log_probs"],
                     "values": batch["values"], "train_mask": batch["train_mask"],

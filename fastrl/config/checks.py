@@ -170,6 +170,10 @@ def check_config(cfg: Config) -> list[str]:
         if a.minibatch_unit == "trajectories" and trajectories % a.num_minibatches:
             problems.append(f"algo.num_minibatches={a.num_minibatches} must divide the {trajectories} "
                             f"trajectories of a batch (algo.minibatch_unit=trajectories)")
+        if a.vtrace_values == "behaviour" and a.minibatch_unit != "samples":
+            problems.append("algo.vtrace_values=behaviour replaces the batch's no-grad forward of "
+                            "algo.minibatch_unit=samples; trajectory minibatches take their values from their own "
+                            f"forward: got algo.minibatch_unit={a.minibatch_unit}")
         if a.minibatch_unit == "samples" and a.batch_size % a.num_minibatches:
             problems.append(f"algo.num_minibatches={a.num_minibatches} must divide algo.batch_size={a.batch_size} "
                             f"(algo.minibatch_unit=samples)")

@@ -2,6 +2,8 @@
 the JSON document and the files the tuner writes. Speeds are never asserted."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -47,6 +49,14 @@ def test_bench_runs_every_stage_and_writes_json(tmp_path):
         headline_rate(stages["train"]["env_steps_per_s"]) / bound["train_env_steps_per_s"], abs=2e-3)
     assert "machine bound (train)" in run.output and "bottleneck:" in run.output
     assert run.leftover_children() == [] and run.leftover_segments() == []
+
+
+def test_the_env_stage_imports_no_torch():
+    """Each round of the env stage spawns a process per rollout worker, which imports its module to run the
+    envs: with torch among its imports each paid ~2 s before making them (the rollout workers import none)."""
+    code = "import sys, fastrl.bench.env_stage; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
 
 
 def test_bench_single_stage(tmp_path):

@@ -44,6 +44,14 @@ def load_bench_script(name: str):
     return module
 
 
+def modules_load_torch(*modules: str) -> bool:
+    """Whether importing `modules` in a fresh interpreter loads torch (~2 s a process that does)."""
+    code = f"import sys, {', '.join(modules)}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() in ("True", "False"), out.stdout + out.stderr
+    return out.stdout.strip() == "True"
+
+
 class RunProcess:
     """`python -m fastrl train ...` (or another command) with its output collected and its children tracked."""
 

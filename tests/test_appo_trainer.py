@@ -86,8 +86,9 @@ def test_behaviour_values_replace_the_batch_forward_but_its_bootstrap_row(monkey
     last row; the default reads the network's values over the whole batch."""
     from test_vtrace import reference_lambda_returns
 
+    # rho_bar and c_bar: the config check refuses them with behaviour; the trainer must not read them either
     trainer, batch, cfg = _trainer_and_batch(["algo.minibatch_unit=samples", "algo.vtrace_values=behaviour",
-                                              "algo.rho_bar=0.5", "algo.c_bar=0.5"])  # unused with behaviour
+                                              "algo.rho_bar=0.5", "algo.c_bar=0.5"])
     batch = dict(batch, train_mask=batch["valid"].bool())
     batch["terminated"][4, 1] = batch["truncated"][9, 2] = True
     rows_seen = []

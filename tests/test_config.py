@@ -61,6 +61,8 @@ def run_cli(capsys, *args, tmp_path):
     (["--set", "algo.minibatch_unit=steps"], "algo.minibatch_unit"),
     (["--set", "algo.vtrace_values=behaviour"], "algo.vtrace_values=behaviour replaces the batch's no-grad forward"),
     (["--set", "algo.vtrace_values=acting"], "algo.vtrace_values"),
+    (["--set", "algo.minibatch_unit=samples", "--set", "algo.vtrace_values=behaviour", "--set", "algo.rho_bar=0.5"],
+     "algo.vtrace_values=behaviour takes them as 1"),
     (["--set", "env.id=CartPol-v1"], "close matches: CartPole-v1"),
     (["--set", "env.id=NoSuchGame-v9"], "unknown env id 'NoSuchGame-v9'"),
     (["--set", "env.kwargs={no_such_arg: 1}"], "could not make env"),

@@ -174,6 +174,9 @@ def check_config(cfg: Config) -> list[str]:
             problems.append("algo.vtrace_values=behaviour replaces the batch's no-grad forward of "
                             "algo.minibatch_unit=samples; trajectory minibatches take their values from their own "
                             f"forward: got algo.minibatch_unit={a.minibatch_unit}")
+        if a.vtrace_values == "behaviour" and (a.rho_bar != 1.0 or a.c_bar != 1.0):
+            problems.append(f"algo.rho_bar={a.rho_bar} and algo.c_bar={a.c_bar} truncate importance ratios, and "
+                            "algo.vtrace_values=behaviour takes them as 1: leave both at 1 or use the learner's values")
         if a.minibatch_unit == "samples" and a.batch_size % a.num_minibatches:
             problems.append(f"algo.num_minibatches={a.num_minibatches} must divide algo.batch_size={a.batch_size} "
                             f"(algo.minibatch_unit=samples)")

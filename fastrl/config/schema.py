@@ -154,7 +154,7 @@ class AlgoConfig:
         "learner", "Where minibatch_unit=samples takes V-trace's values and importance weights. learner: a no-grad "
         "forward over the whole batch under the current network (IMPALA's V-trace). behaviour: the values the acting "
         "policy recorded with each step, bootstrapped from one forward over the batch's last observations, and "
-        "importance weights of 1 (rho_bar and c_bar unused): the value targets are then GAE's lambda-returns on the "
+        "importance weights of 1 (rho_bar and c_bar must stay 1): the value targets are then GAE's lambda-returns on the "
         "acting values, as PPO computes them, and the loss's clip still bounds the ratio to the current policy. It "
         "skips that forward: Pong's fp32 learner takes 10-13% less CPU a batch on an AVX2 EPYC (bench/README, "
         "stop 64).")

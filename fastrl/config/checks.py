@@ -88,6 +88,13 @@ def check_config(cfg: Config) -> list[str]:
     for key, value in positive.items():
         if value < 1:
             problems.append(f"{key} must be >= 1, got {value}")
+    if a.vtrace_values == "behaviour" and a.minibatch_unit != "samples":
+        problems.append("algo.vtrace_values=behaviour replaces the batch's no-grad forward of "
+                        "algo.minibatch_unit=samples; trajectory minibatches take their values from their own "
+                        f"forward: got algo.minibatch_unit={a.minibatch_unit}")
+    if a.vtrace_values == "behaviour" and (a.rho_bar != 1.0 or a.c_bar != 1.0):
+        problems.append(f"algo.rho_bar={a.rho_bar} and algo.c_bar={a.c_bar} truncate importance ratios, and "
+                        "algo.vtrace_values=behaviour takes them as 1: leave both at 1 or use the learner's values")
     if sysc.learner_shards != "auto" and sysc.learner_shards > 1:  # auto picks 1 where these would fail
         if a.minibatch_unit != "samples":
             problems.append(f"system.learner_shards={sysc.learner_shards} cuts minibatches of single samples: it needs "
@@ -170,13 +177,6 @@ def check_config(cfg: Config) -> list[str]:
         if a.minibatch_unit == "trajectories" and trajectories % a.num_minibatches:
             problems.append(f"algo.num_minibatches={a.num_minibatches} must divide the {trajectories} "
                             f"trajectories of a batch (algo.minibatch_unit=trajectories)")
-        if a.vtrace_values == "behaviour" and a.minibatch_unit != "samples":
-            problems.append("algo.vtrace_values=behaviour replaces the batch's no-grad forward of "
-                            "algo.minibatch_unit=samples; trajectory minibatches take their values from their own "
-                            f"forward: got algo.minibatch_unit={a.minibatch_unit}")
-        if a.vtrace_values == "behaviour" and (a.rho_bar != 1.0 or a.c_bar != 1.0):
-            problems.append(f"algo.rho_bar={a.rho_bar} and algo.c_bar={a.c_bar} truncate importance ratios, and "
-                            "algo.vtrace_values=behaviour takes them as 1: leave both at 1 or use the learner's values")
         if a.minibatch_unit == "samples" and a.batch_size % a.num_minibatches:
             problems.append(f"algo.num_minibatches={a.num_minibatches} must divide algo.batch_size={a.batch_size} "
                             f"(algo.minibatch_unit=samples)")

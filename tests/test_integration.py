@@ -99,6 +99,10 @@ def test_resume_continues_counters(tmp_path):
     s2 = second.summary()
     assert s2["env_steps"] >= target
     assert s2["policy_version"] > s1["policy_version"] and s2["train_steps"] > s1["train_steps"]
+    # the mean return goes on over the first run's last 100 games (its 20k steps played several hundred)
+    restored = re.search(r"resumed the mean return's window with (\d+) games finished by env step (\d+)",
+                         (second.run_dir / "train.log").read_text())
+    assert restored and int(restored[1]) == 100 and 0 < int(restored[2]) <= s1["env_steps"], second.output
     assert_clean(second)
 
 

@@ -1,4 +1,5 @@
-"""What a run leaves on disk: the run directory layout and atomic checkpoints."""
+"""What a run leaves on disk: the run directory layout, atomic checkpoints, its records and the
+recent episodes a resume carries on from."""
 
 from fastrl.rundir.checkpoints import (CheckpointError, latest_checkpoint, load_checkpoint, remove_partial_files,
                                        save_checkpoint, validate_checkpoint)

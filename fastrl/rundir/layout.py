@@ -1,6 +1,6 @@
 """The run directory a user gets: runs/<name>/ with config.json, TensorBoard events,
-checkpoints/, train.log, run.lock (the pid of the `fastrl train` that holds it) and, at the end,
-summary.json.
+checkpoints/, train.log, run.lock (the pid of the `fastrl train` that holds it), episodes.json
+(fastrl.rundir.episodes) and, at the end, summary.json.
 """
 
 from __future__ import annotations
@@ -92,11 +92,11 @@ def write_run_config(run_dir: Path, config_dict: dict) -> None:
         raise RunDirError(f"cannot write the run's config into {run_dir}: {e}") from None
 
 
-def write_json(path: Path, data: dict, sort_keys: bool = False) -> None:
+def write_json(path: Path, data: dict, sort_keys: bool = False, indent: int | None = 2) -> None:
     """`data` as JSON at `path`, whole or not at all (a temp file renamed into place)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=sort_keys) + "\n")
+        tmp.write_text(json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n")
         tmp.replace(path)
     except OSError:
         tmp.unlink(missing_ok=True)  # no half-written file left beside the run's (a full disk)

@@ -23,9 +23,10 @@ from fastrl.host import usable_cpus
 from fastrl.ipc import Channels
 from fastrl.ipc.channels import REPORT_POLL_S
 from fastrl.rundir import load_checkpoint, write_json
+from fastrl.rundir.episodes import EpisodesFileError, load_episodes_until, save_recent_episodes
 from fastrl.rundir.records import JsonLinesRecord, ScalarEventsRecord
 from fastrl.runner.placement import RolloutPlacement
-from fastrl.runner.stats import RunStats
+from fastrl.runner.stats import EPISODE_WINDOW, RunStats
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.warm_start import WarmChildren
 from fastrl.workers.process import WorkerContext, die_of_signal, heartbeat_index, num_processes, setup_logging
@@ -264,6 +265,8 @@ class Runner:
             self.placement = self._placement()
             base_env_steps, control, channels = self.ctx.base_env_steps, self.ctx.control, self.ctx.channels
             stats = RunStats(self.spec.frames_per_env_step, base_env_steps, start_time=spawned_at)
+            if self.resume_checkpoint is not None:
+                self._restore_episodes(stats, base_env_steps)
             if cfg.system.serial:
                 from fastrl.runner.serial import SerialDriver
 
@@ -337,6 +340,25 @@ class Runner:
             for s, h in old_handlers.items():
                 signal.signal(s, h)
 
+    def _restore_episodes(self, stats: RunStats, checkpoint_env_steps: int) -> None:
+        """The games finished before the resumed checkpoint open this run's mean-return window."""
+        try:
+            episodes = load_episodes_until(self.run_dir, checkpoint_env_steps, EPISODE_WINDOW)
+        except EpisodesFileError as e:
+            self.say(f"WARNING: {e}; the mean return starts again from this run's games")
+            return
+        stats.restore_episodes(episodes)
+        self.log.info("resumed the mean return's window with %d games finished by env step %d",
+                      len(episodes), checkpoint_env_steps)
+
+    def _save_episodes(self, stats: RunStats) -> None:
+        try:
+            save_recent_episodes(self.run_dir, list(stats.recent_episodes))
+        except OSError as e:
+            # a full disk: metrics.jsonl's failed row stops the run and says so; a resume then
+            # restores the games of the last file that was written
+            self.log.warning("could not write %s: %s", self.run_dir / "episodes.json", e)
+
     def _report(self, stats: RunStats, control: SharedControl, echo: bool = True) -> None:
         if echo:
             self.say(stats.console_line(self.cfg.run.train_for_env_steps))
@@ -347,6 +369,7 @@ class Runner:
         self._events().add_scalars(scalars, stats.env_steps)
         row = {"env_steps": stats.env_steps, "frames": stats.frames, "wall_s": round(stats.wall_s, 2), **scalars}
         self.metrics_record.append(row)
+        self._save_episodes(stats)
 
 
 def finished_reason(cfg: Config, stats: RunStats) -> str | None:

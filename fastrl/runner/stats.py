@@ -24,7 +24,10 @@ class RunStats:
         self.env_steps = start_env_steps
         self.scores: deque = deque(maxlen=EPISODE_WINDOW)
         self.lengths: deque = deque(maxlen=EPISODE_WINDOW)
-        self.episodes = 0
+        # (env steps when reported, return, length): what episodes.json keeps for a resume; twice
+        # the window, as a resume drops those reported after its checkpoint (fastrl.rundir.episodes)
+        self.recent_episodes: deque = deque(maxlen=2 * EPISODE_WINDOW)
+        self.episodes = 0  # finished in this run, not counting those restored from before a resume
         self.learner: dict = {}
         self.rate_points: deque = deque()  # (monotonic time, env_steps), last ~60 s
         self.lag_min, self.lag_max, self.lag_sum, self.lag_batches = float("inf"), 0.0, 0.0, 0
@@ -35,11 +38,19 @@ class RunStats:
         self.first_train_after_command_s: float | None = None  # the learner's first batch
 
     # --- inputs
+    def restore_episodes(self, episodes: list[tuple[int, float, int]]) -> None:
+        """A resumed run's window starts with the games its earlier sittings finished (oldest first)."""
+        for env_steps, score, length in episodes:
+            self.scores.append(score)
+            self.lengths.append(length)
+            self.recent_episodes.append((env_steps, score, length))
+
     def on_report(self, msg: dict) -> None:
         if msg["kind"] == "episodes":
             self.scores.extend(msg["scores"])
             self.lengths.extend(msg["lengths"])
             self.episodes += len(msg["scores"])
+            self.recent_episodes.extend((self.env_steps, s, n) for s, n in zip(msg["scores"], msg["lengths"]))
         elif msg["kind"] == "learner":
             self.learner = msg
             if self.first_train_after_command_s is None:

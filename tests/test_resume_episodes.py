@@ -7,7 +7,7 @@ import pytest
 
 from fastrl.config import load_config
 from fastrl.rundir.episodes import FILE_NAME, EpisodesFileError, load_episodes_until, save_recent_episodes
-from fastrl.runner.runner import finished_reason
+from fastrl.runner.run_end import finished_reason
 from fastrl.runner.stats import EPISODE_WINDOW, RunStats
 
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from fastrl.config import load_config
-from fastrl.runner.runner import finished_reason, format_summary
+from fastrl.runner.run_end import finished_reason, format_summary
 from fastrl.runner.stats import EPISODE_WINDOW, RunStats
 
 

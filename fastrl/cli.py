@@ -68,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--at", type=_int_list, default=[], metavar="STEPS",
                       help="also print each run's mean return at these env steps, comma-separated (e.g. 500000,1e6)")
     plot.add_argument("--reach", type=_float_list, default=[], metavar="RETURNS",
-                      help="also print the env steps and minutes each run took to first reach these mean returns, "
+                      help="also print the env steps and minutes each run took to first reach these mean returns "
+                           "(over a full window of 100 games), "
                            "comma-separated; with an = where the first is negative (e.g. --reach=-10,0,18)")
     return parser
 

@@ -90,6 +90,19 @@ def test_plot_prints_returns_at_marks_and_the_steps_to_reach_a_return(tmp_path, 
         assert "expected comma-separated" in capsys.readouterr().err
 
 
+def test_a_return_is_reached_only_over_a_full_window_of_games(tmp_path, capsys):
+    """A run's first reports are means of a few games: one lucky game must not count as reaching a
+    return (rows written before the count was recorded still count, as the test above holds)."""
+    def row(steps, ret, games):
+        return {"env_steps": steps, "frames": steps, "wall_s": steps / 10, "episode/return_mean": ret,
+                "episode/episodes_in_mean": games}
+
+    run = _write_metrics(tmp_path / "r", [row(100, 30.0, 1), row(200, 12.0, 60), row(300, 22.0, 100),
+                                          row(400, 25.0, 100)])
+    assert main(["plot", str(run), "--out", str(tmp_path / "c.png"), "--at", "100", "--reach", "20,24"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "| r | +30.0 | 300 (0 min) | 400 (1 min) |"
+
+
 def test_plot_reads_a_run_that_is_writing_and_names_a_bad_line(tmp_path, capsys):
     rows = [{"env_steps": 512 * i, "frames": 512 * i, "wall_s": float(i), "episode/return_mean": float(i)}
             for i in range(1, 4)]

@@ -4,12 +4,17 @@ line: its wall clock restarts at each resume, so each segment is shifted to foll
 
 `--at` and `--reach` also print the comparison as a table (`return_table`), so that figures quoted
 from several runs come from a command rather than from reading the chart: the mean return at
-env-step marks, and the env steps and minutes each run took to first reach a return."""
+env-step marks, and the env steps and minutes each run took to first reach a return. A return is
+reached only by a mean over a full window of games: the first reports of a run are means of a few,
+and one lucky game must not count. (Runs recorded before metrics.jsonl said how many games each
+mean covers count every report.)"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from fastrl.runner.stats import EPISODE_WINDOW
 
 
 class PlotError(Exception):
@@ -20,7 +25,7 @@ def load_curve(run_dir: Path) -> dict:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise PlotError(f"{run_dir}: no metrics.jsonl (not a fastrl run directory, or written by an older fastrl)")
-    steps, wall, ret = [], [], []
+    steps, wall, ret, games = [], [], [], []
     offset = last_wall = 0.0
     lines = path.read_text().splitlines(keepends=True)
     for number, line in enumerate(lines, 1):
@@ -37,12 +42,13 @@ def load_curve(run_dir: Path) -> dict:
             steps.append(row["env_steps"])
             wall.append(offset + row["wall_s"])
             ret.append(row["episode/return_mean"])
+            games.append(row.get("episode/episodes_in_mean"))
     if not ret:
         raise PlotError(f"{run_dir}: no finished episodes recorded yet")
     frames_per_step = 1
     if steps and "frames" in row and row["env_steps"]:
         frames_per_step = max(1, round(row["frames"] / row["env_steps"]))
-    return {"name": run_dir.name, "env_steps": steps, "wall_s": wall, "return": ret,
+    return {"name": run_dir.name, "env_steps": steps, "wall_s": wall, "return": ret, "episodes_in_mean": games,
             "frames_per_env_step": frames_per_step}
 
 
@@ -56,9 +62,11 @@ def return_at(curve: dict, env_steps: int) -> float | None:
 
 
 def first_reach(curve: dict, target: float) -> tuple[int, float] | None:
-    """(env steps, wall seconds) of the first report whose mean return is at least `target`, or None."""
-    for steps, wall, ret in zip(curve["env_steps"], curve["wall_s"], curve["return"]):
-        if ret >= target:
+    """(env steps, wall seconds) of the first report whose mean return over a full window of games
+    is at least `target`, or None."""
+    for steps, wall, ret, games in zip(curve["env_steps"], curve["wall_s"], curve["return"],
+                                       curve["episodes_in_mean"]):
+        if ret >= target and (games is None or games >= EPISODE_WINDOW):
             return steps, wall
     return None
 

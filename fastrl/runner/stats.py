@@ -144,6 +144,7 @@ class RunStats:
         if self.scores:
             out["episode/return_mean"] = self.mean_score
             out["episode/length_mean"] = float(np.mean(self.lengths))
+            out["episode/episodes_in_mean"] = float(len(self.scores))  # below EPISODE_WINDOW: not yet a full window
         for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "lr",
                     "lag_min", "lag_mean", "lag_max", "dropped_for_lag", "skipped_steps", "parallel_fraction",
                     "nonfinite_steps_skipped"):

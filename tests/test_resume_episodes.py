@@ -42,7 +42,9 @@ def test_a_resumed_window_reports_and_stops_as_the_run_before_it_would_have():
     stats = RunStats(frames_per_env_step=1, start_env_steps=50_000)
     stats.restore_episodes([(40_000 + i, 480.0, 480) for i in range(EPISODE_WINDOW)])
     assert stats.mean_score == 480.0 and stats.episodes == 0  # none played in this sitting yet
-    assert "reached 475" in finished_reason(cfg, stats)
+    # a resumed run that had already reached its return says so, and how to train on
+    assert finished_reason(cfg, stats).endswith("reached 475.0 before this resume (to train on, --set "
+                                                "run.stop_at_mean_return=null or a higher return)")
     _played(stats, 51_000, [0.0] * 10)  # this sitting's games push the oldest out
     assert stats.mean_score == pytest.approx(480.0 * 0.9)
     assert list(stats.recent_episodes)[-1] == (51_000, 0.0, 1) and len(stats.recent_episodes) == 110

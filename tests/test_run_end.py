@@ -17,7 +17,8 @@ def _stats(scores) -> RunStats:
 def test_stops_on_mean_return_only_over_a_full_window():
     cfg = load_config(None, ["run.stop_at_mean_return=475", "run.train_for_env_steps=10000"])
     assert finished_reason(cfg, _stats([500.0] * (EPISODE_WINDOW - 1))) is None  # 99 episodes: too few to judge
-    assert "reached 475" in finished_reason(cfg, _stats([500.0] * EPISODE_WINDOW))
+    reason = finished_reason(cfg, _stats([500.0] * EPISODE_WINDOW))
+    assert "reached 475" in reason and "before this resume" not in reason  # games of this run, not restored ones
     assert finished_reason(cfg, _stats([474.0] * EPISODE_WINDOW)) is None
 
 

@@ -18,7 +18,11 @@ def finished_reason(cfg: Config, stats: RunStats) -> str | None:
         return f"reached train_for_seconds={run.train_for_seconds:g}"
     full_window = len(stats.scores) == stats.scores.maxlen
     if run.stop_at_mean_return is not None and full_window and stats.mean_score >= run.stop_at_mean_return:
-        return f"mean return of the last {len(stats.scores)} episodes reached {run.stop_at_mean_return}"
+        reason = f"mean return of the last {len(stats.scores)} episodes reached {run.stop_at_mean_return}"
+        if stats.episodes == 0:  # a resume's restored window: no game of this sitting in it
+            reason += (" before this resume (to train on, --set run.stop_at_mean_return=null or a higher "
+                       "return)")
+        return reason
     return None
 
 

@@ -53,7 +53,10 @@ def modules_load_torch(*modules: str) -> bool:
 
 
 class RunProcess:
-    """`python -m fastrl train ...` (or another command) with its output collected and its children tracked."""
+    """`python -m fastrl train ...` (or another command) with its output collected and its children tracked.
+    One still running when its test ends, which a failed assertion leaves so, is killed then (conftest.py)."""
+
+    started: list["RunProcess"] = []
 
     def __init__(self, *args: str, runs_dir: Path | None = None, name: str = "run", env: dict | None = None,
                  command: str = "train"):
@@ -67,6 +70,7 @@ class RunProcess:
         self.children: set[int] = set()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        RunProcess.started.append(self)
 
     def _read(self) -> None:
         for line in self.proc.stdout:

@@ -180,7 +180,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # on the 2-core boxes) then overlap the env probe and the runner's setup
     from fastrl.runner.warm_start import WarmChildren
 
-    warm = WarmChildren()
+    warm = WarmChildren(resuming=args.resume)
     try:
         return _train(args, saved, warm)
     finally:

@@ -326,6 +326,33 @@ def test_weights_reserved_first_are_attached_by_a_process_holding_only_the_heade
     assert not list(SHM_DIR.glob(alloc.prefix + "*"))
 
 
+def test_a_process_without_a_model_attaches_with_the_layout_written_beside_the_header(monkeypatch):
+    """A rollout worker acting in numpy, spawned before the learner built the network, has no model to
+    read a layout from: it reads the one the runner wrote when it allocated the block."""
+    alloc = ShmAllocator()
+    try:
+        src = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+        reserved = SharedWeights.reserve(alloc)
+        header_only = pickle.loads(pickle.dumps(reserved))  # what a child spawned now holds
+        assert not header_only.attach_layout()
+        complete = reserved.complete(alloc, state_layout(src))
+        complete.publish(src, version=0)
+        assert header_only.attach_layout() and header_only.layout == state_layout(src)
+        staging = np.empty(header_only.data.shape[0], dtype=np.float32)
+        assert header_only.try_read_array(staging) == 0
+        assert torch.equal(torch.from_numpy(staging), _flat_state(src))
+    finally:
+        alloc.unlink_all()
+    assert not list(SHM_DIR.glob(alloc.prefix + "*"))
+    monkeypatch.setattr("fastrl.buffers.weights.LAYOUT_BYTES", 64)
+    alloc = ShmAllocator()
+    try:
+        with pytest.raises(ValueError, match="more than the 56 reserved"):
+            SharedWeights.reserve(alloc).complete(alloc, state_layout(src))
+    finally:
+        alloc.unlink_all()
+
+
 def test_try_load_reads_straight_into_the_module_and_reads_a_torn_copy_again(monkeypatch):
     alloc = ShmAllocator()
     try:

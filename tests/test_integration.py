@@ -87,6 +87,26 @@ def test_a_resume_while_the_run_is_going_is_refused_before_it_writes(tmp_path):
     assert_clean(run)
 
 
+def test_rollout_workers_that_act_get_the_first_weights_from_the_warm_learner(tmp_path):
+    """The CartPole preset's rollout workers act themselves: the learner, spawned as the config
+    passed its checks, builds the starting network while the runner probes the env and they make
+    their envs, and they act once it has; the runner loads no torch (before, it built the network and
+    the learner started only after the first sample, then loaded torch: the first batch came ~2 s
+    after it)."""
+    run = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=100000000", runs_dir=tmp_path)
+    assert run.wait_for("return(last 100)", 60), run.output
+    with open(f"/proc/{run.proc.pid}/maps") as maps:
+        assert "libtorch" not in maps.read()
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(15) == -signal.SIGINT, run.output
+    log = (run.run_dir / "train.log").read_text()
+    assert re.search(r"fastrl-learner INFO started \(.*, spawned warm: waited [0-9.]+ s for its context", log), log
+    assert log.index("fastrl-learner INFO published the starting weights (version 0,") < log.index(
+        "first trajectory slot full")
+    assert run.summary()["train_steps"] > 0
+    assert_clean(run)
+
+
 def test_resume_continues_counters(tmp_path):
     first = RunProcess("--config", CARTPOLE, *SHORT, "--set", "run.train_for_env_steps=20000", runs_dir=tmp_path)
     assert first.wait(120) == 0, first.output
@@ -103,6 +123,12 @@ def test_resume_continues_counters(tmp_path):
     restored = re.search(r"resumed the mean return's window with (\d+) games finished by env step (\d+)",
                          (second.run_dir / "train.log").read_text())
     assert restored and int(restored[1]) == 100 and 0 < int(restored[2]) <= s1["env_steps"], second.output
+    # the resumed weights are the checkpoint's, which the runner loaded to check it: it publishes them
+    # and the learner starts cold, after the first sample
+    log = (second.run_dir / "train.log").read_text()
+    resumed = log[log.rindex("fastrl-runner INFO fastrl:"):]
+    assert "published the starting weights" not in resumed and "spawned warm" not in resumed, resumed
+    assert resumed.index("first trajectory slot full") < resumed.index("fastrl-learner INFO started")
     assert_clean(second)
 
 

@@ -140,8 +140,10 @@ def test_a_run_keeps_each_rollout_worker_on_its_cpu(tmp_path):
     run = RunProcess("--config", str(ROOT / "configs/cartpole.yaml"), "--set", "system.rollout_pinning=always",
                      "--set", "run.stop_at_mean_return=null", "--set", "run.train_for_env_steps=100000000",
                      "--set", "run.report_interval_s=1", runs_dir=tmp_path)
-    assert run.wait_for("return(last", 60), run.output
+    # the rollout workers start once the learner has built the network: 100 games are theirs
+    assert run.wait_for("return(last 100)", 60), run.output
     time.sleep(1.5)  # a window: the runner re-checks every thread once per window
+    run.track_children()
     seen = {}
     for pid in list(run.children):
         try:

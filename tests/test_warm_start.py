@@ -1,6 +1,7 @@
-"""Inference workers spawned before the runner's setup (fastrl.runner.warm_start): one the runner
-never starts goes away, one that died is spawned afresh, one whose pipe closes returns, and the CLI
-leaves no process behind when the run fails after spawning them. That a warm worker runs a whole
+"""Children spawned before the runner's setup (fastrl.runner.warm_start), and who builds the first
+weights (fastrl.workers.first_weights): a warm child the runner never starts goes away, one that died
+is spawned afresh, one whose pipe closes returns, and the CLI leaves no process behind when the run
+fails after spawning them. That a warm worker runs a whole
 run is checked by test_integration's short run (its log says "spawned warm")."""
 
 import multiprocessing as mp
@@ -11,7 +12,8 @@ import psutil
 
 from fastrl.cli import single_threaded_blas
 from fastrl.config import load_config
-from fastrl.runner.warm_start import WarmChildren, warm_inference_workers
+from fastrl.runner.warm_start import WarmChildren, warm_children
+from fastrl.workers.first_weights import INFERENCE, LEARNER, RUNNER, first_weights_builder
 from fastrl.workers.process import warm_child_main
 from helpers import ROOT, RunProcess
 
@@ -22,10 +24,26 @@ def _cfg(*overrides: str):
     return load_config(CARTPOLE, list(overrides))
 
 
-def test_warm_workers_are_the_inference_workers_of_a_run_with_processes():
-    assert warm_inference_workers(_cfg("sampler.num_inference_workers=2")) == [0, 1]
-    assert warm_inference_workers(_cfg("sampler.num_inference_workers=0")) == []
-    assert warm_inference_workers(_cfg("sampler.num_inference_workers=1", "system.serial=true")) == []
+def test_warm_children_are_the_inference_workers_and_a_learner_that_builds_the_first_weights():
+    assert warm_children(_cfg("sampler.num_inference_workers=2"), resuming=False) == [("inference", 0),
+                                                                                      ("inference", 1)]
+    assert warm_children(_cfg("sampler.num_inference_workers=2"), resuming=True) == [("inference", 0),
+                                                                                     ("inference", 1)]
+    # rollout workers that act wait for the learner's network; a resumed run's runner publishes its checkpoint's
+    assert warm_children(_cfg("sampler.num_inference_workers=0"), resuming=False) == [("learner", 0)]
+    assert warm_children(_cfg("sampler.num_inference_workers=0"), resuming=True) == []
+    assert warm_children(_cfg("sampler.num_inference_workers=1", "system.serial=true"), resuming=False) == []
+    assert warm_children(_cfg("sampler.num_inference_workers=0", "system.serial=true"), resuming=False) == []
+
+
+def test_a_runner_that_has_torch_already_builds_the_weights_its_rollout_workers_act_with():
+    """`fastrl bench`'s runner has timed the network: publishing the weights costs it nothing, while the
+    learner would hold the first sample back by its import. Inference workers build theirs either way."""
+    acting, inferring = _cfg("sampler.num_inference_workers=0"), _cfg("sampler.num_inference_workers=1")
+    assert first_weights_builder(acting, resuming=False) == LEARNER
+    assert first_weights_builder(acting, resuming=False, runner_has_torch=True) == RUNNER
+    assert first_weights_builder(inferring, resuming=False, runner_has_torch=True) == INFERENCE
+    assert first_weights_builder(inferring, resuming=True) == RUNNER
 
 
 def test_warm_children_nobody_starts_are_stopped_at_close():

@@ -9,6 +9,7 @@ not with stores, which is all a seqlock of plain memory accesses needs.)
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ from fastrl.buffers.shm import ShmAllocator, ShmArray
 
 if TYPE_CHECKING:
     import torch
+
+LAYOUT_BYTES = 1 << 16  # a network's layout as JSON: Pong's Nature CNN takes ~0.6 KB
 
 # torch is imported where weights are touched, not here: a rollout worker that leaves acting to an
 # inference process unpickles this class but never loads torch, which saves ~1 CPU-second per
@@ -118,14 +121,18 @@ class SharedWeights:
     """The header exists from the start of a run; the data block once someone has built the model.
 
     header: [seq, policy_version, num_floats]. num_floats is 0 until the runner has allocated the
-    data block (`complete`). On a fresh run with inference workers the runner does not load torch
-    before the first sample: inference worker 0 reports its model's layout, the runner allocates
-    the block for it, and processes spawned before that attach it with their own model's layout
-    (`attach`, which checks the sizes agree).
+    data block (`complete`). On a fresh run the runner does not load torch: inference worker 0 or
+    the learner reports its model's layout (fastrl.workers.first_weights), the runner allocates the
+    block for it, and processes spawned before that attach it, with their own model's layout
+    (`attach`, which checks the sizes agree), or with the layout the runner wrote beside the header
+    (`attach_layout`: a rollout worker acting in numpy, which has no model to read one from).
     """
 
-    def __init__(self, header: ShmArray, data: ShmArray | None, layout: list | None, data_name: str):
+    def __init__(self, header: ShmArray, data: ShmArray | None, layout: list | None, data_name: str,
+                 layout_bytes: ShmArray | None = None):
         self.header, self.data, self.layout, self.data_name = header, data, layout, data_name
+        # [length, JSON of the layout...] once the block exists (reserve/complete)
+        self.layout_bytes = layout_bytes
         self._tensors: LayoutTensors | None = None  # of the last module published or loaded; never pickled
         self._plan: PublishPlan | None = None  # the learner's copies into the block; never pickled
 
@@ -141,14 +148,22 @@ class SharedWeights:
     def reserve(alloc: ShmAllocator) -> "SharedWeights":
         """The header alone: what processes spawned before the model exists are handed."""
         header = alloc.array("weights_header", (3,), np.int64)
-        return SharedWeights(header, None, None, alloc.name_of("weights_data"))
+        layout_bytes = alloc.array("weights_layout", (LAYOUT_BYTES,), np.uint8)
+        return SharedWeights(header, None, None, alloc.name_of("weights_data"), layout_bytes)
 
     def complete(self, alloc: ShmAllocator, layout: list) -> "SharedWeights":
         """Runner: allocate the data block for `layout`; returns the complete handle (self is left as it was)."""
         total = layout_floats(layout)
+        encoded = np.frombuffer(json.dumps(layout).encode(), dtype=np.uint8)
+        if encoded.size > LAYOUT_BYTES - 8:
+            raise ValueError(f"the network's layout takes {encoded.size} bytes as JSON, more than the "
+                             f"{LAYOUT_BYTES - 8} reserved for it (fastrl.buffers.weights.LAYOUT_BYTES)")
+        self.layout_bytes.array[8:8 + encoded.size] = encoded
+        self.layout_bytes.array[:8].view(np.int64)[0] = encoded.size
         data = alloc.array("weights_data", (total,), np.float32)
-        self.header.array[2] = total  # readers holding only the header may attach from here on
-        return SharedWeights(self.header, data, layout, self.data_name)
+        # written last: readers holding only the header may attach from here on (x86 keeps stores in order)
+        self.header.array[2] = total
+        return SharedWeights(self.header, data, layout, self.data_name, self.layout_bytes)
 
     @staticmethod
     def allocate(alloc: ShmAllocator, module: torch.nn.Module) -> "SharedWeights":
@@ -170,6 +185,20 @@ class SharedWeights:
         if layout_floats(layout) != total:
             raise RuntimeError(f"published weights hold {total} floats, this process's model "
                                f"{layout_floats(layout)}: the two were built from different configs")
+        self.data, self.layout = ShmArray(self.data_name, (total,), np.float32), layout
+        return True
+
+    def attach_layout(self) -> bool:
+        """`attach` for a process without a model: with the layout the runner wrote beside the header.
+        False while the data block does not exist yet."""
+        if self.data is not None:
+            return True
+        total = int(self.header.array[2])
+        if total == 0:
+            return False
+        size = int(self.layout_bytes.array[:8].view(np.int64)[0])
+        layout = [(name, tuple(shape), offset)
+                  for name, shape, offset in json.loads(self.layout_bytes.array[8:8 + size].tobytes())]
         self.data, self.layout = ShmArray(self.data_name, (total,), np.float32), layout
         return True
 

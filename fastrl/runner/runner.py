@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -30,6 +31,7 @@ from fastrl.runner.run_end import finished_reason, format_summary
 from fastrl.runner.stats import EPISODE_WINDOW, RunStats
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.warm_start import WarmChildren
+from fastrl.workers.first_weights import INFERENCE, LEARNER, RUNNER, first_weights_builder
 from fastrl.workers.process import WorkerContext, die_of_signal, heartbeat_index, num_processes, setup_logging
 
 if TYPE_CHECKING:
@@ -154,8 +156,9 @@ class Runner:
         return dataclasses.replace(ctx, weights=weights, base_env_steps=base_env_steps)
 
     def _complete_weights(self, layout: list) -> None:
-        """Inference worker 0 built the network (first_weights_from_inference): allocate the data
-        block it publishes into. Every process spawned from now on gets the complete handle."""
+        """Inference worker 0 or the learner built the network (WorkerContext.first_weights_by):
+        allocate the data block it publishes into. Every process spawned from now on gets the
+        complete handle; those spawned before attach it (SharedWeights.attach, attach_layout)."""
         if self.ctx.weights.is_complete:
             return  # a replacement inference worker asked again
         self._set_ctx(dataclasses.replace(self.ctx, weights=self.ctx.weights.complete(self.alloc, layout)))
@@ -191,20 +194,27 @@ class Runner:
     def _start_processes(self) -> None:
         """Spawn what produces the first sample in the order that gets it soonest on a small box.
 
-        A fresh run with inference workers: rollout and inference workers at once, and inference
-        worker 0 builds the network, so this process never loads torch before the first sample.
-        Otherwise this process publishes the starting weights first (a rollout worker acting in
-        numpy reads their layout; a resumed run's come from the checkpoint); rollout workers that
-        do not act are spawned before that and start making envs meanwhile. The learner waits
-        for the first full slot (`_on_first_sample`)."""
+        On a fresh run a child that loads torch anyway builds the starting network
+        (fastrl.workers.first_weights), inference worker 0 or else the learner, so this process
+        loads none; the rollout workers start at once and make their envs meanwhile. Otherwise
+        (a resumed run's checkpoint, or torch loaded here already) this process publishes them,
+        and rollout workers that do not act are spawned before that and start making envs
+        meanwhile. The learner of such a run waits for the first full slot (`_on_first_sample`)."""
         cfg, sup = self.cfg, self.supervisor
-        acting_here = rollout_workers_act(cfg)
-        if sup is not None and not acting_here and self.resume_checkpoint is None:
-            self._set_ctx(dataclasses.replace(self.ctx, first_weights_from_inference=True))
+        builder = RUNNER if sup is None else first_weights_builder(cfg, self.resume_checkpoint is not None,
+                                                                   runner_has_torch="torch" in sys.modules)
+        self._set_ctx(dataclasses.replace(self.ctx, first_weights_by=builder))
+        if builder == INFERENCE:
             self._announce()
             sup.start_rollouts()
             sup.start_inference()
             return
+        if builder == LEARNER:
+            self._announce()
+            sup.start_learner()
+            sup.start_rollouts()
+            return
+        acting_here = rollout_workers_act(cfg)
         if sup is not None and not acting_here:
             sup.start_rollouts()
         self._set_ctx(self._publish_initial_weights(self.ctx))

@@ -97,7 +97,7 @@ class Supervisor:
         self.control.making_envs_since.array[hb] = 0.0  # a predecessor killed while making its envs
         args = (role, index, self.ctx, LOOPS[role])
         overrides = child_env_overrides(self.cfg, role)
-        p = None if self.warm is None or overrides else self.warm.take(role, index, args)
+        p = None if self.warm is None else self.warm.take(role, index, args)  # spawned with `overrides` too
         if p is None:
             p = self._spawn_ctx.Process(target=child_main, args=args, name=name, daemon=True)
             with child_environment(overrides), terminal_signals_ignored_from_birth():

@@ -20,9 +20,9 @@ import os
 import time
 from collections import defaultdict
 
-from fastrl.buffers.weights import state_layout
-from fastrl.ipc import put_report, wait_any
+from fastrl.ipc import wait_any
 from fastrl.workers.acting import PolicyActor
+from fastrl.workers.first_weights import INFERENCE, hand_over_first_weights
 from fastrl.workers.process import WorkerContext, heartbeat_index, lower_priority, seconds_since_process_start
 
 POLL_S = 0.1
@@ -83,23 +83,10 @@ class InferenceWorker:
         if requests:
             self.step(requests)
 
-    def publish_first_weights(self) -> None:
-        """Inference worker 0 of a fresh run: hand the runner this model's layout, wait for the data
-        block it allocates, and publish the seeded starting network (unless a predecessor did)."""
-        weights, model = self.ctx.weights, self.actor.forward.model
-        if not weights.attach(model):
-            put_report(self.ctx.channels.reports[self.hb], {"kind": "weights_layout", "layout": state_layout(model)})
-            while not weights.attach(model):
-                if self._idle():
-                    return
-                time.sleep(0.005)
-        if not weights.is_published:
-            weights.publish(model, version=0)
-            self.log.info("published the starting weights (version 0, %d floats)", weights.data.shape[0])
-
     def run(self) -> None:
-        if self.ctx.first_weights_from_inference and self.index == 0:
-            self.publish_first_weights()
+        if self.ctx.first_weights_by == INFERENCE and self.index == 0:
+            if not hand_over_first_weights(self.ctx, self.hb, self.actor.forward.model, self._idle, self.log):
+                return
         self.actor.wait_for_first_weights(self._idle)
         lower_priority(self.ctx.cfg.system.inference_nice)
         self.log.info("ready to act, %.1f s after process start, nice %d (%s)", seconds_since_process_start(),

@@ -20,16 +20,19 @@ from fastrl.algo.appo import BATCH_KEYS, APPOTrainer, scheduled_lr
 from fastrl.config.checks import slots_per_batch
 from fastrl.host import CoresDuringWaits
 from fastrl.ipc import put_report, wait_any
-from fastrl.models import ActorCritic
+from fastrl.models import ActorCritic, seeded_model
 from fastrl.rundir import load_checkpoint, save_checkpoint
+from fastrl.workers.first_weights import LEARNER, hand_over_first_weights
 from fastrl.workers.process import WorkerContext, heartbeat_index
 
 POLL_S = 0.1
 
 
-def build_learner_model(spec, cfg) -> ActorCritic:
-    """The model as the learner trains it (also what `fastrl bench` times)."""
-    return ActorCritic(spec, cfg.model).to(torch.device(cfg.system.device)).train().use_channels_last()
+def build_learner_model(spec, cfg, seed: int | None = None) -> ActorCritic:
+    """The model as the learner trains it (also what `fastrl bench` times); with `seed`, the run's
+    starting weights (fastrl.models.seeded_model), which any process building them gets alike."""
+    model = ActorCritic(spec, cfg.model) if seed is None else seeded_model(spec, cfg.model, seed)
+    return model.to(torch.device(cfg.system.device)).train().use_channels_last()
 
 
 def pick_free_ring(waiting: list[int], last: int) -> int:
@@ -51,15 +54,20 @@ class Learner:
         self.ctx, self.cfg, self.log = ctx, cfg, log
         self.hb = heartbeat_index(cfg, "learner", 0)
         self.device = torch.device(cfg.system.device)
-        self.model = build_learner_model(ctx.spec, cfg)
-        # The starting weights (seeded init, or the resumed checkpoint's model) were published
-        # with their policy version before any sample existed, by the runner or by inference
-        # worker 0; start from exactly those instead of building or loading them twice.
-        staging = ctx.weights.new_staging()
-        initial_version = ctx.weights.try_read(staging)
-        if initial_version is None:
-            raise RuntimeError("the starting weights were not published before the learner started")
-        ctx.weights.load_into(self.model, staging)
+        self.builds_first_weights = ctx.first_weights_by == LEARNER
+        if self.builds_first_weights:  # published in run(), once the runner has the block for them
+            self.model = build_learner_model(ctx.spec, cfg, seed=cfg.run.seed)
+            initial_version = 0
+        else:
+            # The starting weights (seeded init, or the resumed checkpoint's model) were published
+            # with their policy version before any sample existed, by the runner or by inference
+            # worker 0; start from exactly those instead of building or loading them twice.
+            self.model = build_learner_model(ctx.spec, cfg)
+            staging = ctx.weights.new_staging()
+            initial_version = ctx.weights.try_read(staging)
+            if initial_version is None:
+                raise RuntimeError("the starting weights were not published before the learner started")
+            ctx.weights.load_into(self.model, staging)
         self.trainer = APPOTrainer(self.model, cfg.algo, cfg.sampler.max_policy_lag, seed=cfg.run.seed,
                                    shards=cfg.system.learner_shards, split=cfg.system.learner_split)
         self.trainer.policy_version = initial_version
@@ -209,7 +217,15 @@ class Learner:
                 f"{path.name if path else '(none: weights not finite)'}")
         return stats
 
+    def _idle(self) -> bool:
+        self.ctx.control.beat(self.hb)
+        return self.ctx.control.stop_requested
+
     def run(self) -> None:
+        if self.builds_first_weights and not hand_over_first_weights(self.ctx, self.hb, self.model, self._idle,
+                                                                     self.log):
+            self.save()  # stopped before any sample: the starting weights, as any orderly stop leaves a checkpoint
+            return
         last_save = time.monotonic()
         while self.collect():
             self.train_one()

@@ -46,7 +46,8 @@ class WorkerContext:
     checkpoint_dir: str
     base_env_steps: int = 0
     resume_checkpoint: str | None = None
-    first_weights_from_inference: bool = False  # inference worker 0 publishes version 0, not the runner
+    # who publishes version 0: "runner", "inference" (worker 0) or "learner" (fastrl.workers.first_weights)
+    first_weights_by: str = "runner"
 
 
 def seconds_since_process_start() -> float:

@@ -54,15 +54,10 @@ class RolloutWorker:
         self.control = ctx.control
         self.generation = int(self.control.rollout_generation.array[worker_index])
         ch = ctx.channels
-        self.actor = None
-        if rollout_workers_act(cfg):
-            from fastrl.models.numpy_policy import acting_backend
-            from fastrl.workers.acting import PolicyActor
-
-            self.actor = PolicyActor(ctx, seed=cfg.run.seed * 7919 + 104729 * (worker_index + 1),
-                                     backend=acting_backend(cfg, ctx.spec))
-        self.requests = ch.requests[worker_index] if self.actor is None else None
-        self.replies = ch.replies[worker_index] if self.actor is None else None
+        acts = rollout_workers_act(cfg)
+        self.actor = None  # made once the envs are: it may need a network's layout that is not there yet
+        self.requests = None if acts else ch.requests[worker_index]
+        self.replies = None if acts else ch.replies[worker_index]
         self.free_ring, self.full_ring, self.bell = ch.free_slots[worker_index], ch.full_slots[worker_index], \
             ch.rollout_bells[worker_index]
         self.reports = ch.reports[self.hb]
@@ -87,6 +82,8 @@ class RolloutWorker:
             self._wait_for_first_sample()
             self._lower_priority()
             self.envs = self._make_first_groups()
+        if acts:
+            self.actor = self._make_actor()
         self.slots_handed_over = 0
         # the first trained batch needs this many slots; the learner, starting at the first sample,
         # gets them sooner from groups that keep stepping than from groups stopped to make envs
@@ -118,6 +115,19 @@ class RolloutWorker:
         delay the first sample (by ~1.5 s on the Pong preset here). A replacement worker is not on
         that path either. The serial driver's workers make theirs at once (nothing runs meanwhile)."""
         return (self.index == 0 and self.generation == 0) or not self.block
+
+    def _make_actor(self):
+        """The policy this worker acts with. On a fresh run the learner builds the network while this
+        worker makes its envs (fastrl.workers.first_weights): wait for its layout first."""
+        from fastrl.models.numpy_policy import acting_backend
+        from fastrl.workers.acting import PolicyActor
+
+        ctx = self.ctx
+        while not ctx.weights.attach_layout():
+            self._idle()
+            time.sleep(0.005)
+        return PolicyActor(ctx, seed=ctx.cfg.run.seed * 7919 + 104729 * (self.index + 1),
+                           backend=acting_backend(ctx.cfg, ctx.spec))
 
     def _wait_for_first_sample(self) -> None:
         """Until the run's first slot is full, or FIRST_SAMPLE_WAIT_S (a replacement never waits)."""

@@ -225,9 +225,10 @@ class Runner:
                 sup.start_rollouts()
 
     def _on_first_sample(self) -> None:
-        """The learner starts only now: nothing is there to train before, and loading torch costs it
-        ~2 CPU-s on cores the first sample needs. The TensorBoard writer is made here too (its
-        import is ~0.4 CPU-s even without torch, see fastrl.rundir.records)."""
+        """A learner that does not build the starting network starts only now: nothing is there to
+        train before, and loading torch costs it ~2 CPU-s on cores the first sample needs (one that
+        builds it is already running: `_start_processes`). The TensorBoard writer is made here too
+        (its import is ~0.4 CPU-s even without torch, see fastrl.rundir.records)."""
         if self.supervisor is not None:
             self.supervisor.start_learner()
         self._events()

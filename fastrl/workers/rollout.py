@@ -85,8 +85,9 @@ class RolloutWorker:
         if acts:
             self.actor = self._make_actor()
         self.slots_handed_over = 0
-        # the first trained batch needs this many slots; the learner, starting at the first sample,
-        # gets them sooner from groups that keep stepping than from groups stopped to make envs
+        # the first trained batch needs this many slots; the learner, waiting for them (or starting
+        # at the first sample), gets them sooner from groups that keep stepping than from groups
+        # stopped to make envs
         self.slots_before_other_groups = max(1, slots_per_batch(cfg))
         n = self.num_splits
         self.slot = [-1] * n

@@ -31,7 +31,7 @@ from fastrl.runner.run_end import finished_reason, format_summary
 from fastrl.runner.stats import EPISODE_WINDOW, RunStats
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.warm_start import WarmChildren
-from fastrl.workers.first_weights import INFERENCE, LEARNER, RUNNER, first_weights_builder
+from fastrl.workers.first_weights import LEARNER, RUNNER, first_weights_builder
 from fastrl.workers.process import WorkerContext, die_of_signal, heartbeat_index, num_processes, setup_logging
 
 if TYPE_CHECKING:
@@ -204,15 +204,12 @@ class Runner:
         builder = RUNNER if sup is None else first_weights_builder(cfg, self.resume_checkpoint is not None,
                                                                    runner_has_torch="torch" in sys.modules)
         self._set_ctx(dataclasses.replace(self.ctx, first_weights_by=builder))
-        if builder == INFERENCE:
+        if builder != RUNNER:
             self._announce()
+            if builder == LEARNER:
+                sup.start_learner()
             sup.start_rollouts()
             sup.start_inference()
-            return
-        if builder == LEARNER:
-            self._announce()
-            sup.start_learner()
-            sup.start_rollouts()
             return
         acting_here = rollout_workers_act(cfg)
         if sup is not None and not acting_here:

@@ -20,7 +20,7 @@ hold them back by its import (CartPole's train stage: first sample 0.55 s after 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from fastrl.buffers.weights import state_layout
 from fastrl.config.checks import rollout_workers_act
@@ -45,17 +45,16 @@ def first_weights_builder(cfg: Config, resuming: bool, runner_has_torch: bool = 
     return RUNNER if runner_has_torch else LEARNER
 
 
-def hand_over_first_weights(ctx: WorkerContext, hb: int, model: torch.nn.Module, idle: Callable[[], bool],
-                            log) -> bool:
-    """In the child that builds the starting network: report `model`'s layout to the runner, wait for
-    the data block it allocates, and publish `model` as version 0 unless a predecessor did (a
-    replaced inference worker 0). `idle()` beats the heartbeat and says whether the run is stopping;
-    False when it stopped before the block existed."""
-    weights = ctx.weights
+def hand_over_first_weights(ctx: WorkerContext, hb: int, model: torch.nn.Module, log) -> bool:
+    """In the child that builds the starting network (heartbeat index `hb`): report `model`'s layout
+    to the runner, wait for the data block it allocates, beating, and publish `model` as version 0
+    unless a predecessor did (a replaced inference worker 0). False when the run stopped first."""
+    weights, control = ctx.weights, ctx.control
     if not weights.attach(model):
         put_report(ctx.channels.reports[hb], {"kind": "weights_layout", "layout": state_layout(model)})
         while not weights.attach(model):
-            if idle():
+            control.beat(hb)
+            if control.stop_requested:
                 return False
             time.sleep(POLL_S)
     if not weights.is_published:

@@ -85,7 +85,7 @@ class InferenceWorker:
 
     def run(self) -> None:
         if self.ctx.first_weights_by == INFERENCE and self.index == 0:
-            if not hand_over_first_weights(self.ctx, self.hb, self.actor.forward.model, self._idle, self.log):
+            if not hand_over_first_weights(self.ctx, self.hb, self.actor.forward.model, self.log):
                 return
         self.actor.wait_for_first_weights(self._idle)
         lower_priority(self.ctx.cfg.system.inference_nice)

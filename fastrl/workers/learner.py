@@ -217,13 +217,8 @@ class Learner:
                 f"{path.name if path else '(none: weights not finite)'}")
         return stats
 
-    def _idle(self) -> bool:
-        self.ctx.control.beat(self.hb)
-        return self.ctx.control.stop_requested
-
     def run(self) -> None:
-        if self.builds_first_weights and not hand_over_first_weights(self.ctx, self.hb, self.model, self._idle,
-                                                                     self.log):
+        if self.builds_first_weights and not hand_over_first_weights(self.ctx, self.hb, self.model, self.log):
             self.save()  # stopped before any sample: the starting weights, as any orderly stop leaves a checkpoint
             return
         last_save = time.monotonic()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -176,29 +176,33 @@ class SharedWeights:
     def attach(self, module: torch.nn.Module) -> bool:
         """Attach the data block, once the runner has allocated it, with `module`'s layout (a torch
         process holding only the header). False while it does not exist yet."""
-        if self.data is not None:
-            return True
-        total = int(self.header.array[2])
-        if total == 0:
-            return False
-        layout = state_layout(module)
-        if layout_floats(layout) != total:
-            raise RuntimeError(f"published weights hold {total} floats, this process's model "
-                               f"{layout_floats(layout)}: the two were built from different configs")
-        self.data, self.layout = ShmArray(self.data_name, (total,), np.float32), layout
-        return True
+        def checked_layout(total: int) -> list:
+            layout = state_layout(module)
+            if layout_floats(layout) != total:
+                raise RuntimeError(f"published weights hold {total} floats, this process's model "
+                                   f"{layout_floats(layout)}: the two were built from different configs")
+            return layout
+
+        return self._attach_with(checked_layout)
 
     def attach_layout(self) -> bool:
         """`attach` for a process without a model: with the layout the runner wrote beside the header.
         False while the data block does not exist yet."""
+        def written_layout(_total: int) -> list:
+            size = int(self.layout_bytes.array[:8].view(np.int64)[0])
+            return [(name, tuple(shape), offset)
+                    for name, shape, offset in json.loads(self.layout_bytes.array[8:8 + size].tobytes())]
+
+        return self._attach_with(written_layout)
+
+    def _attach_with(self, layout_for: Callable[[int], list]) -> bool:
+        """Attach the data block with `layout_for(its floats)` once the runner has allocated it."""
         if self.data is not None:
             return True
         total = int(self.header.array[2])
         if total == 0:
             return False
-        size = int(self.layout_bytes.array[:8].view(np.int64)[0])
-        layout = [(name, tuple(shape), offset)
-                  for name, shape, offset in json.loads(self.layout_bytes.array[8:8 + size].tobytes())]
+        layout = layout_for(total)
         self.data, self.layout = ShmArray(self.data_name, (total,), np.float32), layout
         return True
 

@@ -9,7 +9,7 @@ one on another host sees which hold there. What it runs, one thing at a time (no
 beside it, see bench/README.md):
 - `fastrl bench --rounds R --seconds S --json` on the three presets: the train and sample stages' rates
   and their ratios to the machine bound (medians of the rounds' own ratios), the learner's wait for data
-  (the median round), the train stage's peak PSS;
+  (the median of the rounds), the train stage's peak PSS;
 - `fastrl train` of each preset, --startup-runs times (a few batches), as bench/median_runs.py does:
   the median time from the command to the first sample, as summary.json records it;
 - with --memory-minutes M, one Pong run of M minutes whose process tree's PSS bench/memory_watch.py
@@ -46,6 +46,9 @@ PRESETS = {"pong": "configs/atari_pong.yaml", "halfcheetah": "configs/mujoco_hal
            "cartpole": "configs/cartpole.yaml"}
 # a few batches of each preset: enough to record the first sample and end
 STARTUP_ENV_STEPS = {"pong": 3000, "halfcheetah": 20000, "cartpole": 20000}
+TRAIN_ENV_STEPS_PER_S = {"pong": 2400, "halfcheetah": 48000, "cartpole": 150000}
+TRAIN_OF_BOUND = {"pong": 0.85, "halfcheetah": 0.70}  # none for CartPole
+SAMPLE_OF_BOUND = 0.90
 FIRST_SAMPLE_S = 5.0
 PSS_MIB = 1.5 * 1024
 LEARNER_WAIT = 0.05
@@ -87,15 +90,13 @@ def judge_bench(preset: str, doc: dict) -> list[dict]:
     stages, eff = doc["stages"], doc.get("efficiency", {})
     train = stages.get("train")
     how = "fastrl bench, train stage, the median round"
-    rate_needed = {"pong": 2400, "halfcheetah": 48000, "cartpole": 150000}
-    eff_needed = {"pong": 0.85, "halfcheetah": 0.70}
-    if preset in rate_needed:
+    if preset in TRAIN_ENV_STEPS_PER_S:
         rows.append(_row("train, env steps/s", preset, train and stage_rate("train", train), ">=",
-                         rate_needed[preset], how))
-    if preset in eff_needed:
-        rows.append(_row("train / machine bound", preset, eff.get("train"), ">=", eff_needed[preset],
+                         TRAIN_ENV_STEPS_PER_S[preset], how))
+    if preset in TRAIN_OF_BOUND:
+        rows.append(_row("train / machine bound", preset, eff.get("train"), ">=", TRAIN_OF_BOUND[preset],
                          "fastrl bench, the median of the rounds' own ratios"))
-    rows.append(_row("sample / machine bound", preset, eff.get("sample"), ">=", 0.90,
+    rows.append(_row("sample / machine bound", preset, eff.get("sample"), ">=", SAMPLE_OF_BOUND,
                      "fastrl bench, the median of the rounds' own ratios"))
     wait = doc.get("learner_wait_median", train and train.get("learner_wait_fraction"))
     bound_by_learner = learner_bound(doc)
@@ -194,16 +195,19 @@ def run_memory(out: Path, minutes: float) -> dict | None:
            "--name", "pong", "--set", f"run.train_for_seconds={minutes * 60:.0f}",
            "--set", "run.train_for_env_steps=1000000000000"]
     print("$ python", " ".join(cmd[1:]), flush=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    root, started, samples = psutil.Process(proc.pid), time.monotonic(), []
-    while proc.poll() is None:
-        try:
-            samples.append((time.monotonic() - started, memory_watch.tree_pss_mib(root)))
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(MEMORY_INTERVAL_S)
+    # its output to a file: a pipe nobody reads for 30 minutes would fill and stall the run
+    log_path = out / "memory_run.txt"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        root, started, samples = psutil.Process(proc.pid), time.monotonic(), []
+        while proc.poll() is None:
+            try:
+                samples.append((time.monotonic() - started, memory_watch.tree_pss_mib(root)))
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(MEMORY_INTERVAL_S)
     if proc.wait() != 0:
-        raise RuntimeError(f"the memory run failed:\n{proc.stderr.read()[-2000:]}")
+        raise RuntimeError(f"the memory run failed:\n{log_path.read_text()[-2000:]}")
     summary = memory_watch.judge_growth(samples, MEMORY_WARMUP_S)
     if summary is not None:
         print(memory_watch.report(summary), flush=True)

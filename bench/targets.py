@@ -1,6 +1,7 @@
 """Issue #5's targets on this box, in one command: each one measured, with its margin and whether it is met.
 
-    .venv/bin/python bench/targets.py [--seconds 20] [--rounds 3] [--startup-runs 5] [--memory-minutes 30] [--out DIR]
+    .venv/bin/python bench/targets.py [--seconds 20] [--rounds 3] [--startup-runs 5] [--memory-minutes 30]
+        [--out DIR]    # the folder it writes to, default runs/targets (git-ignored)
     .venv/bin/python bench/targets.py --judge DIR      # judge what an earlier call wrote there, run nothing
 
 The targets were set on one host (an AVX-512 BF16 EPYC, 2 cores) and quoted from many sessions' figures;
@@ -116,9 +117,9 @@ def judge_growth(summary: dict | None) -> dict:
     """memory_watch's judgement of a long Pong run, as the "no growth" target."""
     how = (f"bench/memory_watch.py: last fifth <= {GROWTH_FRACTION:.0%} above the first and the second half's "
            f"slope < {GROWTH_SLOPE_MIB_PER_HOUR:.0f} MiB/hour, over >= {GROWTH_MIN_JUDGED_S / 60:.0f} minutes")
-    if summary is None:
+    if summary is None:  # not run, or too short to judge
         return _row("no PSS growth over 30 minutes, growth %", "pong", None, "<=", 100 * GROWTH_FRACTION,
-                    how + " (not run: --memory-minutes 30)")
+                    how + " (not judged: --memory-minutes 30)")
     growth = summary["last_fifth_mib"] / summary["first_fifth_mib"] - 1
     row = _row("no PSS growth over 30 minutes, growth %", "pong", round(100 * growth, 2), "<=",
                100 * GROWTH_FRACTION, how + f"; second-half slope {summary['second_half_slope_mib_per_hour']:+.1f} "
@@ -209,8 +210,8 @@ def run_memory(out: Path, minutes: float) -> dict | None:
     if proc.wait() != 0:
         raise RuntimeError(f"the memory run failed:\n{log_path.read_text()[-2000:]}")
     summary = memory_watch.judge_growth(samples, MEMORY_WARMUP_S)
-    if summary is not None:
-        print(memory_watch.report(summary), flush=True)
+    print("too few samples after the warm-up to judge growth" if summary is None else memory_watch.report(summary),
+          flush=True)
     return summary
 
 
@@ -221,7 +222,8 @@ def main() -> int:
     parser.add_argument("--startup-runs", type=int, default=5, help="fastrl train runs per preset for the first sample")
     parser.add_argument("--memory-minutes", type=float, default=0.0, help="length of the Pong memory run (0: none)")
     parser.add_argument("--preset", action="append", choices=sorted(PRESETS), help="only these presets")
-    parser.add_argument("--out", default="targets_out", help="folder for what is measured and targets.json")
+    parser.add_argument("--out", default="runs/targets", help="folder for what is measured and targets.json "
+                        "(runs/ is git-ignored)")
     parser.add_argument("--judge", metavar="DIR", help="judge what an earlier call wrote in DIR; run nothing")
     args = parser.parse_args()
     presets = args.preset or list(PRESETS)

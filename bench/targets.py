@@ -28,7 +28,6 @@ How each target is read, where the issue leaves room:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -40,9 +39,9 @@ from pathlib import Path
 import psutil
 
 from fastrl.bench.rounds import stage_rate
+from fastrl.config.hardware import BF16_CPU_FLAGS, cpu_flags
 
-BENCH_DIR = Path(__file__).resolve().parent
-ROOT = BENCH_DIR.parent  # the presets' paths are relative to it, and so are the commands this runs
+ROOT = Path(__file__).resolve().parent.parent  # the presets' paths are relative to it, and so are the commands
 PRESETS = {"pong": "configs/atari_pong.yaml", "halfcheetah": "configs/mujoco_halfcheetah.yaml",
            "cartpole": "configs/cartpole.yaml"}
 # a few batches of each preset: enough to record the first sample and end
@@ -55,14 +54,6 @@ PSS_MIB = 1.5 * 1024
 LEARNER_WAIT = 0.05
 GROWTH_FRACTION, GROWTH_SLOPE_MIB_PER_HOUR, GROWTH_MIN_JUDGED_S = 0.01, 10.0, 25 * 60
 MEMORY_INTERVAL_S, MEMORY_WARMUP_S = 30.0, 120.0
-
-
-def _sibling(name: str):
-    """Another bench script as a module (bench/ is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _row(target: str, preset: str, measured: float | None, op: str, needed: float, how: str) -> dict:
@@ -117,7 +108,7 @@ def judge_growth(summary: dict | None) -> dict:
     """memory_watch's judgement of a long Pong run, as the "no growth" target."""
     how = (f"bench/memory_watch.py: last fifth <= {GROWTH_FRACTION:.0%} above the first and the second half's "
            f"slope < {GROWTH_SLOPE_MIB_PER_HOUR:.0f} MiB/hour, over >= {GROWTH_MIN_JUDGED_S / 60:.0f} minutes")
-    if summary is None:  # not run, or too short to judge
+    if not summary:  # not run (None), or too short to judge ({})
         return _row("no PSS growth over 30 minutes, growth %", "pong", None, "<=", 100 * GROWTH_FRACTION,
                     how + " (not judged: --memory-minutes 30)")
     growth = summary["last_fifth_mib"] / summary["first_fifth_mib"] - 1
@@ -156,12 +147,12 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
+def vector_flags() -> str:
+    """The CPU flags that decide the network's speed here (fp32 or bf16, AVX2 or AVX-512)."""
+    flags = cpu_flags()
+    if flags is None:
         return "unknown"
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "none of avx2/avx512"
+    return " ".join(f for f in ("avx2", "avx512f", *BF16_CPU_FLAGS) if f in flags) or "none of avx2/avx512"
 
 
 def run_bench(out: Path, preset: str, seconds: float, rounds: int) -> dict:
@@ -177,7 +168,7 @@ def run_bench(out: Path, preset: str, seconds: float, rounds: int) -> dict:
 
 
 def run_startup(out: Path, preset: str, runs: int) -> list[float]:
-    median_runs = _sibling("median_runs")
+    import median_runs  # a sibling script: bench/ is first on sys.path when this runs as a script
     args = ["--config", PRESETS[preset], "--set", f"run.train_for_env_steps={STARTUP_ENV_STEPS[preset]}"]
     values = []
     runs_dir = out / "startup_runs"
@@ -190,8 +181,8 @@ def run_startup(out: Path, preset: str, runs: int) -> list[float]:
     return values
 
 
-def run_memory(out: Path, minutes: float) -> dict | None:
-    memory_watch = _sibling("memory_watch")
+def run_memory(out: Path, minutes: float) -> dict:
+    import memory_watch  # as above
     cmd = [sys.executable, "-m", "fastrl", "train", "--config", PRESETS["pong"], "--runs-dir", str(out / "memory_run"),
            "--name", "pong", "--set", f"run.train_for_seconds={minutes * 60:.0f}",
            "--set", "run.train_for_env_steps=1000000000000"]
@@ -212,7 +203,7 @@ def run_memory(out: Path, minutes: float) -> dict | None:
     summary = memory_watch.judge_growth(samples, MEMORY_WARMUP_S)
     print("too few samples after the warm-up to judge growth" if summary is None else memory_watch.report(summary),
           flush=True)
-    return summary
+    return summary or {}  # {}: run, but too short to judge
 
 
 def main() -> int:
@@ -233,7 +224,7 @@ def main() -> int:
         measured = json.loads((out / "measured.json").read_text())
     else:
         out.mkdir(parents=True, exist_ok=True)
-        measured = {"cpu_flags": cpu_flags(), "bench": {}, "first_samples_s": {}, "memory": None}
+        measured = {"cpu_flags": vector_flags(), "bench": {}, "first_samples_s": {}, "memory": None}
         for preset in presets:
             measured["bench"][preset] = run_bench(out, preset, args.seconds, args.rounds)
         for preset in presets:

@@ -92,3 +92,9 @@ def _watch(first, last, second_half_slope, judged_s=1700.0):
 def test_memory_growth_needs_a_flat_end_over_a_long_enough_watch(summary, met):
     row = targets.judge({}, {}, summary)[-1]
     assert row["target"] == "no PSS growth over 30 minutes, growth %" and row["met"] is met
+
+
+def test_a_watch_too_short_to_judge_is_listed_as_not_judged():
+    rows = targets.judge({}, {}, {})  # run_memory's answer when memory_watch had too few samples
+    assert len(rows) == 1 and rows[0]["met"] is None and "not judged" in rows[0]["how"]
+    assert targets.judge({}, {}, None) == []  # no watch asked for, no Pong measured

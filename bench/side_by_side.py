@@ -27,8 +27,10 @@ from fastrl.bench.report import cpu_ms_per_env_step
 from fastrl.bench.rounds import RATE_KEYS
 
 
-def run_bench(config: str, overrides: list, seconds: int, stages: list, tree: str | None = None) -> dict:
-    """One `fastrl bench` run; from the code in `tree` (its own fastrl and fastrl_ext) when given."""
+def run_bench(config: str, overrides: list, seconds: float, stages: list, tree: str | None = None,
+              rounds: int = 1) -> dict:
+    """One `fastrl bench` run (of `rounds` rounds; every stage where `stages` is empty); from the code
+    in `tree` (its own fastrl and fastrl_ext) when given. Also bench/targets.py's."""
     env = None
     if tree is not None:
         env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
@@ -38,7 +40,7 @@ def run_bench(config: str, overrides: list, seconds: int, stages: list, tree: st
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         cmd = [sys.executable, "-m", "fastrl.cli", "bench", "--config", config, "--seconds", str(seconds),
-               "--json", str(out)]
+               "--rounds", str(rounds), "--json", str(out)]
         for o in overrides:
             cmd += ["--set", o]
         for s in stages:

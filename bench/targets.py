@@ -156,15 +156,12 @@ def vector_flags() -> str:
 
 
 def run_bench(out: Path, preset: str, seconds: float, rounds: int) -> dict:
-    path = out / f"bench_{preset}.json"
-    cmd = [sys.executable, "-m", "fastrl", "bench", "--config", PRESETS[preset], "--seconds", str(seconds),
-           "--rounds", str(rounds), "--json", str(path)]
-    print("$ python", " ".join(cmd[1:]), flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    (out / f"bench_{preset}.txt").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise RuntimeError(f"fastrl bench failed on {preset}:\n{proc.stderr[-2000:]}")
-    return json.loads(path.read_text())
+    import side_by_side  # a sibling script: bench/ is first on sys.path when this runs as a script
+
+    print(f"$ python -m fastrl bench --config {PRESETS[preset]} --seconds {seconds:g} --rounds {rounds}", flush=True)
+    doc = side_by_side.run_bench(PRESETS[preset], [], seconds, [], rounds=rounds)
+    (out / f"bench_{preset}.json").write_text(json.dumps(doc, indent=1))
+    return doc
 
 
 def run_startup(out: Path, preset: str, runs: int) -> list[float]:

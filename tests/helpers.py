@@ -133,6 +133,17 @@ class RunProcess:
     def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())
 
+    def assert_stopped_at_env_step_target(self, races: int = 0) -> None:
+        """The run counted its train_for_env_steps and at most a slot per rollout worker more (each worker
+        steps no further once a hand-over of its own finds the count there), plus `races` slots per
+        worker for hand-overs that did not yet see each other's counts."""
+        cfg, summary = json.loads((self.run_dir / "config.json").read_text()), self.summary()
+        s, target = cfg["sampler"], cfg["run"]["train_for_env_steps"]
+        slot_env_steps = s["num_envs_per_worker"] // s["num_splits"] * s["rollout_len"]
+        assert summary["stop_reason"] == f"reached train_for_env_steps={target:,}", summary
+        assert target <= summary["env_steps"] < target + (1 + races) * s["num_rollout_workers"] * slot_env_steps, \
+            (summary["env_steps"], target, slot_env_steps)
+
     def leftover_children(self, grace_s: float = 3.0) -> list[int]:
         """Children still running `grace_s` after the run exited. The grace is for multiprocessing's
         resource tracker, which exits once it reads EOF from the parent's pipe: on a loaded box that

@@ -33,7 +33,8 @@ def test_short_run_trains_checkpoints_and_cleans_up(tmp_path):
     # `top` shows these (the kernel keeps 15 characters of a process name)
     assert {"fastrl-learner", "fastrl-inferen", "fastrl-rollout"} <= {n[:14] for n in names}, names
     summary = run.summary()
-    assert summary["env_steps"] >= 40000 and summary["train_steps"] > 0 and summary["episodes"] > 0
+    assert summary["train_steps"] > 0 and summary["episodes"] > 0
+    run.assert_stopped_at_env_step_target(races=1)
     assert summary["failure"] is None and summary["policy_version"] > 0
     idle = summary["cores_idle_while_learner_waits"]  # None only if it never waited a few 10 ms ticks
     assert idle is None or 0 <= idle <= 1
@@ -117,7 +118,7 @@ def test_resume_continues_counters(tmp_path):
     second = RunProcess("--resume", "--set", f"run.train_for_env_steps={target}", runs_dir=tmp_path)
     assert second.wait(120) == 0, second.output
     s2 = second.summary()
-    assert s2["env_steps"] >= target
+    second.assert_stopped_at_env_step_target(races=1)  # what it samples is counted from the checkpoint's count
     assert s2["policy_version"] > s1["policy_version"] and s2["train_steps"] > s1["train_steps"]
     # the mean return goes on over the first run's last 100 games (its 20k steps played several hundred)
     restored = re.search(r"resumed the mean return's window with (\d+) games finished by env step (\d+)",

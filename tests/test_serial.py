@@ -41,6 +41,7 @@ def test_serial_mode_is_bit_reproducible(tmp_path, variant):
     runs = _start(tmp_path, "a", *overrides), _start(tmp_path, "b", *overrides)
     a, b = (_losses(run) for run in runs)
     assert len(a) >= 10 and a == b  # exact float equality, every batch
+    runs[0].assert_stopped_at_env_step_target()  # one process: no hand-overs race
 
 
 @pytest.mark.parametrize("preset, overrides", [

@@ -31,8 +31,9 @@ class SerialDriver:
             inf.actor.wait_for_first_weights(inf._idle)  # the runner published them before creating us
         self.rollouts = [RolloutWorker(ctx, w, log, block=False) for w in range(s.num_rollout_workers)]
 
-    def advance(self) -> dict:
-        """Run the pipeline until the learner has trained one batch; its report."""
+    def advance(self) -> dict | None:
+        """Run the pipeline until the learner has trained one batch; its report. None when the rollout
+        workers have sampled the run's train_for_env_steps and no batch is left to train."""
         idle = 0
         while True:
             # a batch left waiting (two slots handed over in one round) is trained before anything steps
@@ -40,6 +41,8 @@ class SerialDriver:
             # a slot over every pump, and the slots would otherwise pile up, ever staler
             if self.learner.collect(block=False):
                 return self.learner.train_one()
+            if all(rollout.budget_spent for rollout in self.rollouts):
+                return None
             progressed = False
             for rollout in self.rollouts:
                 try:

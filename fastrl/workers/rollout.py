@@ -85,6 +85,12 @@ class RolloutWorker:
         if acts:
             self.actor = self._make_actor()
         self.slots_handed_over = 0
+        # this sitting's share of run.train_for_env_steps: a worker whose hand-over finds the run's count
+        # there steps no further, so a run ends within a slot per rollout worker of its target instead of
+        # sampling on until the runner's next look and its shutdown (CartPole's preset asked for 20,000 and
+        # counted 27,648)
+        self.env_steps_budget = cfg.run.train_for_env_steps - ctx.base_env_steps
+        self.budget_spent = False
         # the first trained batch needs this many slots; the learner, waiting for them (or starting
         # at the first sample), gets them sooner from groups that keep stepping than from groups
         # stopped to make envs
@@ -166,6 +172,15 @@ class RolloutWorker:
         self.control.beat(self.hb)
         if self.control.stop_requested:
             raise Stopped
+
+    def _wait_for_stop(self) -> None:
+        """The run has sampled all the env steps it is to train for: nothing more to step until the runner
+        stops it (the serial driver sees budget_spent instead)."""
+        if not self.block:
+            raise WouldBlock
+        while True:
+            self._idle()
+            time.sleep(POLL_S)
 
     def _take_free_slot(self) -> int:
         if self.adopted:
@@ -259,6 +274,7 @@ class RolloutWorker:
             scores, lengths = self.recorder.take_finished()
             if scores:
                 put_report(self.reports, {"kind": "episodes", "scores": scores, "lengths": lengths})
+            self.budget_spent = self.control.total_env_steps() >= self.env_steps_budget
         self.t[split] = t
         self.control.inflight_steps.array[self.index] = sum(self.t) * self.num_envs
 
@@ -277,6 +293,8 @@ class RolloutWorker:
     def pump(self) -> None:
         """Collect one env step of group k, keeping group k+1 stepping meanwhile."""
         self.control.beat(self.hb)
+        if self.budget_spent:
+            self._wait_for_stop()
         if len(self.envs) < self.num_splits and self.slots_handed_over >= self.slots_before_other_groups:
             self._build_other_groups()
         if self.slot[len(self.envs) - 1] < 0:

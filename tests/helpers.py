@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from fastrl.config.checks import samples_per_slot
+from fastrl.config.loader import config_from_dict
 from fastrl.envs.spec import EnvSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,11 +139,10 @@ class RunProcess:
         """The run counted its train_for_env_steps and at most a slot per rollout worker more (each worker
         steps no further once a hand-over of its own finds the count there), plus `races` slots per
         worker for hand-overs that did not yet see each other's counts."""
-        cfg, summary = json.loads((self.run_dir / "config.json").read_text()), self.summary()
-        s, target = cfg["sampler"], cfg["run"]["train_for_env_steps"]
-        slot_env_steps = s["num_envs_per_worker"] // s["num_splits"] * s["rollout_len"]
+        cfg = config_from_dict(json.loads((self.run_dir / "config.json").read_text()))
+        summary, target, slot_env_steps = self.summary(), cfg.run.train_for_env_steps, samples_per_slot(cfg)
         assert summary["stop_reason"] == f"reached train_for_env_steps={target:,}", summary
-        assert target <= summary["env_steps"] < target + (1 + races) * s["num_rollout_workers"] * slot_env_steps, \
+        assert target <= summary["env_steps"] < target + (1 + races) * cfg.sampler.num_rollout_workers * slot_env_steps, \
             (summary["env_steps"], target, slot_env_steps)
 
     def leftover_children(self, grace_s: float = 3.0) -> list[int]:

@@ -20,7 +20,7 @@ import pytest
 from fastrl.buffers import ShmAllocator
 from fastrl.buffers.control import JOURNAL_HANDOVER, NO_OWNER, SharedControl
 from fastrl.ipc.rings import Doorbell, IntRing
-from fastrl.workers.rollout import RolloutWorker
+from fastrl.workers.rollout import RolloutWorker, WouldBlock
 
 T, NUM_ENVS, NUM_SLOTS = 4, 3, 4
 
@@ -60,7 +60,7 @@ def _worker(alloc, recording: bool = False):
     w = SimpleNamespace(index=0, hb=0, T=T, num_envs=NUM_ENVS, control=control, recorder=recorder, envs=[None],
                         full_ring=full, free_ring=free, bell=bell, adopted=[], block=False, slot=[0], t=[T - 1],
                         next_slot=[-1], obs=np.zeros((NUM_SLOTS, T + 1, 2), np.float32), slots_handed_over=0,
-                        reports=None)
+                        reports=None, env_steps_budget=2 * T * NUM_ENVS, budget_spent=False)
     return w
 
 
@@ -85,6 +85,21 @@ def test_in_flight_steps_count_the_unfinished_slot_only(alloc):
     _one_handover(w)
     RolloutWorker._record(w, 0)
     assert int(w.control.inflight_steps.array[0]) == NUM_ENVS
+
+
+def test_the_handover_that_reaches_the_env_step_target_spends_the_budget(alloc):
+    """A worker steps no further once a slot it hands over brings the run to train_for_env_steps (here two
+    slots' worth), and not before."""
+    w = _worker(alloc)
+    _one_handover(w)
+    assert not w.budget_spent
+    for _ in range(T - 1):
+        RolloutWorker._record(w, 0)
+    assert not w.budget_spent  # steps in an unfinished slot do not count
+    _one_handover(w)
+    assert w.budget_spent and int(w.control.env_steps.array[0]) == 2 * T * NUM_ENVS
+    with pytest.raises(WouldBlock):  # the serial driver's worker: nothing to do until the run stops
+        RolloutWorker._wait_for_stop(w)
 
 
 # the code a kill can land in: the worker's two methods and what they call that writes shared memory

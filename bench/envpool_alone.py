@@ -4,11 +4,12 @@
     python bench/envpool_alone.py --env Pong-v5 --shape 16x1 --rounds 4 \
         --kwarg episodic_life=true --variant use_inter_area_resize=false
 
-A shape is ENVSxTHREADS (sync mode: batch = envs). `--kwarg` passes a keyword to envpool.make (a
-YAML value); `--variant` adds a second configuration, the same plus that keyword, measured in
-alternation with the first, each round both in turn, so drift hits both alike. CPU time is the whole process's (caller plus
+A shape is ENVSxTHREADS (sync mode: batch = envs). CPU time is the whole process's (caller plus
 envpool's C++ threads), so `cpu_us_per_step` is what one env step costs the machine: 2 cores
 cannot step more than 2e6 / cpu_us_per_step env steps per second, with nothing else running.
+`--kwarg` passes envpool.make a keyword (a YAML value, as `--set` reads one); `--variant` adds a
+second configuration, the first plus that keyword, and each round times both in turn, so that
+drift hits both alike.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import statistics
 import time
 
 import numpy as np
+
+from fastrl.config.loader import parse_override
 
 
 def measure(env_id: str, num_envs: int, threads: int, seconds: float, kwargs: dict | None = None) -> dict:
@@ -42,18 +45,8 @@ def measure(env_id: str, num_envs: int, threads: int, seconds: float, kwargs: di
         steps += num_envs
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     env.close()
-    return {"env": env_id, "envs": num_envs, "threads": threads, "kwargs": kwargs or {}, "env_steps_per_s": steps / wall,
-            "cpu_cores": cpu / wall, "cpu_us_per_step": cpu / steps * 1e6}
-
-
-def keywords(pairs: list[str]) -> dict:
-    import yaml
-
-    out = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        out[key] = yaml.safe_load(value)
-    return out
+    return {"env": env_id, "envs": num_envs, "threads": threads, "kwargs": kwargs or {},
+            "env_steps_per_s": steps / wall, "cpu_cores": cpu / wall, "cpu_us_per_step": cpu / steps * 1e6}
 
 
 def main() -> None:
@@ -67,8 +60,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json")
     args = parser.parse_args()
-    base = keywords(args.kwarg)
-    configs = [base] + ([{**base, **keywords(args.variant)}] if args.variant else [])
+    base = dict(parse_override(pair) for pair in args.kwarg)
+    configs = [base] + ([{**base, **dict(parse_override(pair) for pair in args.variant)}] if args.variant else [])
     rows = []
     for shape in args.shape or ["16x1"]:
         envs, threads = (int(x) for x in shape.lower().split("x"))

@@ -138,7 +138,8 @@ class RunProcess:
     def assert_stopped_at_env_step_target(self, races: int = 0) -> None:
         """The run counted its train_for_env_steps and at most a slot per rollout worker more (each worker
         steps no further once a hand-over of its own finds the count there), plus `races` slots per
-        worker for hand-overs that did not yet see each other's counts."""
+        worker for hand-overs that coincided (each worker adds to its own count, then reads the others',
+        and a store may not yet be seen by the other side's read)."""
         cfg = config_from_dict(json.loads((self.run_dir / "config.json").read_text()))
         summary, target, slot_env_steps = self.summary(), cfg.run.train_for_env_steps, samples_per_slot(cfg)
         assert summary["stop_reason"] == f"reached train_for_env_steps={target:,}", summary

@@ -286,8 +286,8 @@ class SystemConfig:
 class RunConfig:
     train_for_env_steps: int = opt(
         10_000_000, "Stop after this many env steps (not frames): a rollout worker steps no further once a slot it "
-        "hands over brings the run's count there, so a run samples at most one trajectory slot per rollout worker "
-        "more (num_envs_per_worker / num_splits x rollout_len env steps each).")
+        "hands over brings the run's count there, so a run samples about one trajectory slot per rollout worker "
+        "more (num_envs_per_worker / num_splits x rollout_len env steps each; two where hand-overs coincide).")
     train_for_seconds: Optional[float] = opt(None, "Also stop after this much wall time (seconds), if set.")
     stop_at_mean_return: Optional[float] = opt(None, "Stop early when the mean return of the last 100 episodes reaches this.")
     seed: int = opt(0, "Seed for envs and network initialisation.")

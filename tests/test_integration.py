@@ -290,9 +290,10 @@ def test_variants_of_the_hot_path_train(tmp_path, variant, overrides):
     if nice_variant:
         assert started_nice["fastrl-inference"] == started_nice["fastrl-learner"], log
         assert ready_nice["fastrl-inference"] == min(19, started_nice["fastrl-learner"] + 3), log
-        # set in the learner before it loads torch, whose libgomp reads it once
-        assert re.search(r"fastrl-learner INFO started \(.*torch loaded, OMP_WAIT_POLICY at exec PASSIVE, "
-                         r"freed heap kept up to \d+ MiB\)", log), log
+        # OMP_WAIT_POLICY set in the learner before it loads torch, whose libgomp reads it once; denormals
+        # flushed (system.flush_denormals) before any of its threads start
+        assert re.search(r"fastrl-learner INFO started \(.*torch loaded, denormals flushed, "
+                         r"OMP_WAIT_POLICY at exec PASSIVE, freed heap kept up to \d+ MiB\)", log), log
     # a rollout worker imports torch only to act itself with torch (~2.5 CPU-s per worker at startup)
     acting_in_torch = acting_here and "sampler.acting_backend=torch" in overrides
     assert ("fastrl-rollout-0 INFO started" in log and

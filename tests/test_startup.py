@@ -1,6 +1,7 @@
 """What the fast start rests on: any process can build the run's starting network and get the
 same weights, and a sampler that lowers its priority once ready lowers all of its threads. Also
-the other process-wide setting a child makes at start: glibc keeping freed memory for reuse."""
+the other process-wide settings a child makes at start: glibc keeping freed memory for reuse, and
+denormal floats flushed to zero."""
 
 import subprocess
 import sys
@@ -95,3 +96,36 @@ def test_kept_heap_is_reused_without_page_faults():
     took_kept, faults_kept = run(256)
     assert not took_default and took_kept
     assert faults_default > 1000 and faults_kept < faults_default / 10, (faults_default, faults_kept)
+
+
+FLUSH_IN_A_CHILD = """
+import threading
+from concurrent.futures import ThreadPoolExecutor
+import torch
+from fastrl.workers.process import flush_denormals
+
+torch.set_num_threads(2)  # in child_main's order: the thread counts first, then the flush
+torch.set_num_interop_threads(1)
+DENORMAL = torch.tensor([1e-39], dtype=torch.float32)
+def flushed():
+    return (DENORMAL * 1.0).item() == 0.0
+def in_new_thread():
+    out = []
+    thread = threading.Thread(target=lambda: out.append(flushed()))
+    thread.start()
+    thread.join()
+    return out[0]
+def in_torch_threads():  # an op over enough elements that torch's two OpenMP threads share it
+    return torch.full((1 << 16,), 1e-39).mul(1.0).sum().item() == 0.0
+print(flushed(), flush_denormals(True), flushed(), in_new_thread(), in_torch_threads(),
+      ThreadPoolExecutor(1).submit(flushed).result(), flush_denormals(False), flushed())
+"""
+
+
+def test_flushed_denormals_reach_threads_started_later_and_can_be_undone():
+    """system.flush_denormals: set where a process loads torch, before it starts a thread, it holds in
+    the learner's shard threads and torch's OpenMP threads too (they inherit the SSE control register);
+    the call reports the setting it found, which serial mode uses to give the runner's back."""
+    out = subprocess.run([sys.executable, "-c", FLUSH_IN_A_CHILD], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["False", "False", "True", "True", "True", "True", "True", "False"], out

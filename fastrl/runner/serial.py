@@ -15,7 +15,7 @@ import torch
 
 from fastrl.workers.inference import InferenceWorker
 from fastrl.workers.learner import Learner
-from fastrl.workers.process import WorkerContext
+from fastrl.workers.process import WorkerContext, flush_denormals
 from fastrl.workers.rollout import RolloutWorker, WouldBlock
 
 MAX_IDLE_ROUNDS = 10_000  # rounds without any progress before declaring a deadlock
@@ -24,6 +24,8 @@ MAX_IDLE_ROUNDS = 10_000  # rounds without any progress before declaring a deadl
 class SerialDriver:
     def __init__(self, ctx: WorkerContext, log: logging.Logger):
         torch.set_num_threads(1)  # one thread: the same float summation order on every run
+        # as the worker processes compute; close() gives the runner's process its own setting back
+        self._flushed_before = flush_denormals(ctx.cfg.system.flush_denormals)
         s = ctx.cfg.sampler
         self.learner = Learner(ctx, log)
         self.inference = [InferenceWorker(ctx, i, log) for i in range(s.num_inference_workers)]
@@ -58,6 +60,9 @@ class SerialDriver:
                 raise RuntimeError("serial mode made no progress (deadlock); check sampler.num_traj_buffers")
 
     def close(self) -> None:
-        self.learner.save()
-        for rollout in self.rollouts:
-            rollout.close()
+        try:
+            self.learner.save()
+            for rollout in self.rollouts:
+                rollout.close()
+        finally:
+            flush_denormals(self._flushed_before)

@@ -157,6 +157,18 @@ def keep_freed_heap(keep_mib: int) -> bool:
         return False
 
 
+def flush_denormals(on: bool) -> bool:
+    """Flush denormal floats to zero in this thread, and in every thread it starts afterwards (they
+    inherit the SSE control register), or stop (system.flush_denormals); returns the setting it found.
+    A no-op where torch cannot set it (not x86 SSE3), where it then reads False."""
+    import torch
+
+    tiny = torch.tensor([1e-39], dtype=torch.float32)  # a denormal: read as 0 under DAZ
+    was = bool((tiny * 1.0).item() == 0.0)
+    torch.set_flush_denormal(on)
+    return was
+
+
 SCHED_POLICIES = {"normal": "SCHED_OTHER", "batch": "SCHED_BATCH", "idle": "SCHED_IDLE"}
 
 
@@ -338,11 +350,15 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str, warm_w
 
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)
+        # before any thread of torch's or ours starts, so that they all inherit it
+        flush_denormals(ctx.cfg.system.flush_denormals)
         heap_kept = keep_freed_heap(ctx.cfg.system.heap_keep_mib)
     log = setup_logging(ctx.log_path, name, echo=False)
     try:
         log.info("started (pid %d, torch threads %d, nice %d, torch %s, OMP_WAIT_POLICY at exec %s, freed heap %s%s)",
-                 os.getpid(), threads, os.nice(0), "loaded" if "torch" in sys.modules else "not loaded",
+                 os.getpid(), threads, os.nice(0),
+                 f"loaded, denormals {'flushed' if ctx.cfg.system.flush_denormals else 'kept'}"
+                 if "torch" in sys.modules else "not loaded",
                  omp_wait_at_exec, f"kept up to {ctx.cfg.system.heap_keep_mib} MiB" if heap_kept else "glibc default",
                  "" if warm_wait_s is None else
                  f", spawned warm: waited {warm_wait_s:.2f} s for its context after its imports")

@@ -38,6 +38,22 @@ MASKED_CHOICES = EnvSpec("MaskedChoices-v0", "envpool", (10,), np.dtype(np.float
                          action_nvec=(3, 4), action_mask=(1, 7))
 
 
+def assert_same_steps_up_to_rounding(expected: list, got: list, lr: float, rtol: float, atol: float,
+                                     max_flipped_fraction: float = 0.01) -> None:
+    """Weights after the same optimizer steps taken two ways that differ only in rounding (summation order,
+    a clip's divide for a multiply): every element within rtol/atol, except that a rounding can switch a
+    ReLU whose input sits at 0, after which that unit's gradient differs by a whole sample's term and
+    Adam turns it into a step of up to lr. So at most `max_flipped_fraction` of the elements may differ
+    more, each by less than one step (lr). Seen on an AMX Xeon: relative gradient noise of 1e-7 moved a
+    reference run's weights by 6e-5, with lr 2.5e-4; the two ways agree to 3e-8 elsewhere."""
+    import torch
+
+    total = sum(e.numel() for e in expected)
+    outside = sum(int((~torch.isclose(e, g.detach(), rtol=rtol, atol=atol)).sum()) for e, g in zip(expected, got))
+    worst = max(float((e - g.detach()).abs().max()) for e, g in zip(expected, got))
+    assert outside <= max_flipped_fraction * total and worst < lr, (outside, total, worst, lr)
+
+
 def load_bench_script(name: str):
     """bench/<name>.py as a module: the scripts are not a package, and their tests check their pure parts."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")

@@ -229,9 +229,9 @@ class SystemConfig:
         "serial mode's runner) flush denormal floats to zero: torch.set_flush_denormal, the SSE FTZ and DAZ bits, "
         "which threads started later inherit. On Intel CPUs each operation on a denormal takes a slow microcode "
         "assist, and a trained network's small weights, gradients and Adam moments produce them: Pong's learner on "
-        "an AMX Xeon, a 30-minute run's checkpoint on its env's frames: 653 CPU-ms a batch kept against 526 flushed, "
-        "and that run resumed trained 1.15x as fast flushed (bench/README, stop 69). Only values below 1.2e-38 "
-        "change, to 0.")
+        "an AMX Xeon, a 30-minute run's checkpoint on its env's frames: 653 CPU-ms a batch kept against 526 flushed; "
+        "that run resumed trained 1.15x as fast flushed, and a run from scratch 1.52x (bench/README, stop 69). "
+        "Only values below 1.2e-38 change, to 0.")
     rollout_nice: int = opt(
         0, "Niceness added to rollout workers (0-19): the learner keeps its core when it is the bottleneck, "
         "while rollout workers still get all the CPU it leaves idle.")

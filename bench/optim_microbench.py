@@ -31,7 +31,7 @@ from fastrl.config import load_config
 from fastrl.config.hardware import resolve_auto, with_precision
 from fastrl.envs import resolve_env
 from fastrl.workers.learner import build_learner_model
-from fastrl.workers.process import keep_freed_heap
+from fastrl.workers.process import torch_process_settings
 from fastrl_ext import _optim
 
 
@@ -144,7 +144,7 @@ def main() -> None:
         learner_ab(cfg, spec, args.rounds)
         return
     torch.set_num_threads(1)
-    keep_freed_heap(cfg.system.heap_keep_mib)  # as the learner process does
+    torch_process_settings(cfg.system)  # as the learner process sets itself up
     step_ab(with_precision(cfg, "bf16"), spec, args.pieces, args.rounds)
 
 

@@ -24,7 +24,7 @@ from fastrl.config.hardware import resolve_learner_split
 from fastrl.config.schema import Config
 from fastrl.envs import EnvSpec
 from fastrl.workers.learner import build_learner_model
-from fastrl.workers.process import flush_denormals, keep_freed_heap
+from fastrl.workers.process import torch_process_settings
 
 
 def random_obs(spec: EnvSpec, shape: tuple, gen: torch.Generator) -> torch.Tensor:
@@ -66,9 +66,8 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: StageProgr
     model = ActorCritic(spec, cfg.model).eval().use_channels_last()  # as an inference worker's
     obs = random_obs(spec, (batch,), torch.Generator().manual_seed(0))
     backend = acting_backend(cfg, spec) if rollout_workers_act(cfg) else "torch"
-    if backend == "torch":  # as a process acting with torch sets itself up
-        flush_denormals(cfg.system.flush_denormals)
-        keep_freed_heap(cfg.system.heap_keep_mib)
+    if backend == "torch":
+        torch_process_settings(cfg.system)  # as a process acting with torch sets itself up
     if backend == "numpy":
         policy = NumpyPolicy.from_module(model, spec, cfg.model.activation, cfg.system.native_acting)
         obs_np, rng = obs.numpy(), np.random.default_rng(0)
@@ -129,8 +128,7 @@ def learner_on_synthetic_batch(cfg: Config, spec: EnvSpec) -> tuple[APPOTrainer,
     threads, heap setting, seed), and the learn stage's synthetic batch; shared with bench/'s learner
     scripts so that they measure the same thing."""
     torch.set_num_threads(cfg.system.learner_threads)
-    flush_denormals(cfg.system.flush_denormals)  # as the learner process does
-    keep_freed_heap(cfg.system.heap_keep_mib)
+    torch_process_settings(cfg.system)  # as the learner process sets itself up
     torch.manual_seed(cfg.run.seed)
     split = resolve_learner_split(cfg, resolve_encoder(cfg.model, spec), cfg.system.learner_shards)
     trainer = APPOTrainer(build_learner_model(spec, cfg), cfg.algo, cfg.sampler.max_policy_lag,

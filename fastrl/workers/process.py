@@ -169,6 +169,14 @@ def flush_denormals(on: bool) -> bool:
     return was
 
 
+def torch_process_settings(system) -> bool:
+    """The process-wide settings every process that runs torch makes once its thread counts are set and
+    before any thread starts (system.flush_denormals, system.heap_keep_mib); the bench's stages call
+    this too, so that they time what the workers run. Returns whether glibc kept the freed heap."""
+    flush_denormals(system.flush_denormals)  # before any thread starts: they inherit it
+    return keep_freed_heap(system.heap_keep_mib)
+
+
 SCHED_POLICIES = {"normal": "SCHED_OTHER", "batch": "SCHED_BATCH", "idle": "SCHED_IDLE"}
 
 
@@ -350,9 +358,7 @@ def child_main(role: str, index: int, ctx: WorkerContext, loop_path: str, warm_w
 
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)
-        # before any thread of torch's or ours starts, so that they all inherit it
-        flush_denormals(ctx.cfg.system.flush_denormals)
-        heap_kept = keep_freed_heap(ctx.cfg.system.heap_keep_mib)
+        heap_kept = torch_process_settings(ctx.cfg.system)
     log = setup_logging(ctx.log_path, name, echo=False)
     try:
         log.info("started (pid %d, torch threads %d, nice %d, torch %s, OMP_WAIT_POLICY at exec %s, freed heap %s%s)",

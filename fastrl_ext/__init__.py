@@ -30,9 +30,10 @@ arithmetic and `_acting`'s kernel (through its capsule); `fastrl.workers.rollout
 the reference (tests/test_native_steps.py and tests/test_serial.py hold them to the same bytes).
 `system.native_rollout_loop` picks.
 
-`_frames`: uint8 frames to the Nature CNN's input (cast, scaled to [0, 1], relaid to channels-last) in
-one pass, float32 or bf16; torch's three passes are the reference (tests/test_frames.py), checked for
-every byte value before first use. Used by `fastrl.models.frames` for contiguous CPU frames.
+`_frames`: uint8 frames to the Nature CNN's input (cast, scaled to [0, 1], relaid to channels-last, or
+cut into the 4x4 tiles of a space-to-depth first conv) in one pass, float32 or bf16; torch's passes are
+the reference (tests/test_frames.py), checked for every byte value before first use. Used by
+`fastrl.models.frames` for contiguous CPU frames.
 
 `_optim`: the learner's optimizer step through a bf16 working copy: the shards' bf16 gradient pieces
 summed into the float32 `.grad` with the clip's sum of squares, and Adam with the clip's scale that

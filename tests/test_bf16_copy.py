@@ -28,9 +28,14 @@ CASES = {  # spec, preset, overrides: the CNN's channels-last list of parameters
 
 def _trainer(case, working_copy, shards=1, unit="samples", extra=(), native_optimizer=False):
     spec, preset, overrides = CASES[case]
+    # first_conv pinned, not left to the host (auto is space_to_depth on AMX): the native and torch optimizers'
+    # runs agree "to rounding" over 32 bf16 steps only while rounding never sends a bf16 weight the other way,
+    # which holds on this seed for the strided conv (1 of 109,220 weights differs after the first batch) but
+    # not for the space-to-depth one, whose sums differ by their order (16 differ, and the next batch's norm
+    # by 0.17%); tests/test_space_to_depth.py and test_split_backward.py hold that conv to the strided one
     cfg = load_config(str(ROOT / preset), [f"algo.minibatch_unit={unit}", "model.precision=bf16", "algo.num_epochs=2",
                                            f"algo.native_optimizer={str(native_optimizer).lower()}",
-                                           *overrides, *extra])
+                                           "model.first_conv=strided", *overrides, *extra])
     model = seeded_model(spec, cfg.model, seed=3)
     if spec.is_image:
         model.to(memory_format=torch.channels_last)

@@ -39,6 +39,33 @@ def test_native_pass_matches_torch(dtype, channels_last, shape):
     assert frames_module._native_agrees()  # so frames_to_input takes the kernel
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp32"])
+@pytest.mark.parametrize("shape,block", [((3, 4, 84, 84), 4), ((2, 3, 12, 8), 2), ((1, 2, 9, 6), 3), ((2, 1, 8, 8), 4)],
+                         ids=["pong", "3-channels", "odd-block", "1-channel"])
+def test_native_blocks_are_torchs_pixel_unshuffle(dtype, shape, block):
+    obs = _frames_of(shape, seed=2)
+    n, c, h, w = shape
+    # the reference written out: tile (i, j) of channel ch holds pixel (dy, dx) at channel (ch*b + dy)*b + dx
+    tiled = obs.reshape(n, c, h // block, block, w // block, block).permute(0, 1, 3, 5, 2, 4)
+    want = (tiled.reshape(n, c * block * block, h // block, w // block).to(torch.float32) * (1 / 255)).to(dtype)
+    got = frames_module._native_into(obs, dtype, True, block)
+    assert got.shape == want.shape and got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, frames_to_input_torch(obs, dtype, True, block=block))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_blocks_come_channels_last_only():
+    obs = _frames_of((2, 4, 8, 8))
+    with pytest.raises(ValueError, match="channels-last"):
+        frames_to_input(obs, torch.float32, False, block=2)
+    with pytest.raises(ValueError, match="block must be 1, or more with channels_last"):
+        _frames.frames_to_input(obs.numpy(), np.empty((2, 4, 4, 16), np.float32), False, 2)
+    with pytest.raises(ValueError, match="must divide"):
+        _frames.frames_to_input(obs.numpy(), np.empty((2, 2, 2, 36), np.float32), True, 3)
+    with pytest.raises(ValueError, match=r"\[2, 4, 4, 16\]"):
+        _frames.frames_to_input(obs.numpy(), np.empty((2, 8, 8, 4), np.float32), True, 2)
+
+
 def test_what_the_native_pass_does_not_take_goes_through_torch(monkeypatch):
     calls = []
     monkeypatch.setattr(frames_module, "_native_into", lambda *a: calls.append(a) or frames_to_input_torch(*a))

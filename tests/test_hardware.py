@@ -14,8 +14,8 @@ from fastrl.config import load_config
 from fastrl.config.checks import check_config
 from fastrl.config.loader import ConfigError
 
-from fastrl.config.hardware import (cpu_flags, precision_warning, resolve_auto, resolve_learner_shards,
-                                    resolve_learner_threads, resolve_precision)
+from fastrl.config.hardware import (cpu_flags, precision_warning, resolve_auto, resolve_first_conv,
+                                    resolve_learner_shards, resolve_learner_threads, resolve_precision)
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma"}
@@ -29,6 +29,19 @@ def test_auto_picks_bf16_only_where_the_cpu_has_it():
     assert resolve_precision("auto", "cpu", SAPPHIRE_RAPIDS) == "bf16"
     assert resolve_precision("fp32", "cpu", ZEN4) == "fp32"  # an explicit choice stays
     assert resolve_precision("bf16", "cpu", AVX2) == "bf16"
+
+
+def test_auto_first_conv_is_space_to_depth_only_in_bf16_on_amx():
+    assert resolve_first_conv("auto", "bf16", "cpu", SAPPHIRE_RAPIDS) == "space_to_depth"
+    assert resolve_first_conv("auto", "fp32", "cpu", SAPPHIRE_RAPIDS) == "strided"
+    assert resolve_first_conv("auto", "bf16", "cpu", ZEN4) == "strided"  # not measured there
+    assert resolve_first_conv("auto", "bf16", "cuda", SAPPHIRE_RAPIDS) == "strided"
+    assert resolve_first_conv("auto", "bf16", "cpu", set()) == "strided"
+    assert resolve_first_conv("space_to_depth", "fp32", "cpu", AVX2) == "space_to_depth"  # explicit stays
+    pong = load_config(str(ROOT / "configs" / "atari_pong.yaml"))
+    assert pong.model.first_conv == "auto"
+    assert resolve_auto(pong, SAPPHIRE_RAPIDS, cores=2).model.first_conv == "space_to_depth"
+    assert resolve_auto(pong, ZEN4, cores=2).model.first_conv == "strided"
 
 
 def test_the_atari_presets_resolve_per_machine_and_keep_everything_else():

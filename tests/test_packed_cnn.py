@@ -43,16 +43,18 @@ def _obs(n, seed=1):
     return torch.randint(0, 256, (n, *PONG.obs_shape), dtype=torch.uint8, generator=g)
 
 
-def _net(precision, shared=True, seed=0):
+def _net(precision, shared=True, seed=0, first_conv="strided"):
     torch.manual_seed(seed)
-    return ActorCritic(PONG, ModelConfig(**CNN, shared_encoder=shared, precision=precision)).for_inference()
+    return ActorCritic(PONG, ModelConfig(**CNN, shared_encoder=shared, precision=precision,
+                                         first_conv=first_conv)).for_inference()
 
 
 @needs_bf16_packing
+@pytest.mark.parametrize("first_conv", ["strided", "space_to_depth"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "separate"])
 @pytest.mark.parametrize("batch", [1, 7, 16, 33])
-def test_bf16_packed_outputs_equal_the_eager_network_bit_for_bit(shared, batch):
-    net = _net("bf16", shared)
+def test_bf16_packed_outputs_equal_the_eager_network_bit_for_bit(shared, batch, first_conv):
+    net = _net("bf16", shared, first_conv=first_conv)
     packed = packed_forward(net, PONG.obs_shape, 16)
     assert isinstance(packed, PackedForward)
     obs = _obs(batch)
@@ -63,8 +65,9 @@ def test_bf16_packed_outputs_equal_the_eager_network_bit_for_bit(shared, batch):
     assert torch.equal(got_p, want_p) and torch.equal(got_v, want_v)
 
 
-def test_fp32_packed_outputs_match_the_eager_network():
-    net = _net("fp32")
+@pytest.mark.parametrize("first_conv", ["strided", "space_to_depth"])
+def test_fp32_packed_outputs_match_the_eager_network(first_conv):
+    net = _net("fp32", first_conv=first_conv)
     packed = packed_forward(net, PONG.obs_shape, 32)
     assert packed is not None
     obs = _obs(20)

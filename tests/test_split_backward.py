@@ -13,6 +13,7 @@ from fastrl.bench.components import synthetic_batch
 from fastrl.config import load_config
 from fastrl.config.hardware import resolve_auto, weight_grads_split_blockers
 from fastrl.models import seeded_model
+from fastrl.models.space_to_depth import SpaceToDepthConv2d
 from helpers import TINY_CHEETAH as CHEETAH, TINY_FRAMES as FRAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,12 +35,15 @@ def _loss(net, obs):
     return params.logsumexp(-1).sum() + values.square().sum()
 
 
+@pytest.mark.parametrize("first_conv", ["strided", "space_to_depth"])
 @pytest.mark.parametrize("rows", [16, 13])
-def test_weight_gradients_on_a_second_thread_are_autograds_bit_for_bit(rows):
-    plain, _ = _trainer(1, "rows")
-    split, _ = _trainer(2, "weight_grads")
+def test_weight_gradients_on_a_second_thread_are_autograds_bit_for_bit(rows, first_conv):
+    extra = [f"model.first_conv={first_conv}"]
+    plain, _ = _trainer(1, "rows", extra)
+    split, _ = _trainer(2, "weight_grads", extra)
     wrapped = [m for m in split.net.modules() if isinstance(m, WeightGradLater)]
     assert len(wrapped) == 4  # three convs and the hidden layer
+    assert isinstance(wrapped[0].layer, SpaceToDepthConv2d) == (first_conv == "space_to_depth")
     obs = torch.randint(0, 256, (rows, *FRAMES.obs_shape), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     want = plain.bf16_copy.gradients(_loss(plain.net, obs))
     got = split.bf16_copy.gradients(_loss(split.net, obs))

@@ -29,6 +29,7 @@ from torch import nn
 from fastrl.algo.shards import ran_here
 from fastrl.models.actor_critic import NatureCNN
 from fastrl.models.linear import linear
+from fastrl.models.space_to_depth import conv_weight_and_stride, parameter_grad
 
 
 class WeightGradThread:
@@ -74,21 +75,22 @@ class WeightGradThread:
 class _ConvWeightGradLater(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, anchor, weight, bias, conv: nn.Conv2d, thread: WeightGradThread):
+        weight, stride = conv_weight_and_stride(conv, weight)  # a space-to-depth conv's: cut into tiles
         ctx.save_for_backward(x, weight)
-        ctx.conv, ctx.thread = conv, thread
-        return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+        ctx.conv, ctx.thread, ctx.stride = conv, thread, stride
+        return F.conv2d(x, weight, bias, stride, conv.padding, conv.dilation, conv.groups)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         conv, thread = ctx.conv, ctx.thread
-        layout = (list(conv.stride), list(conv.padding), list(conv.dilation), False, [0, 0], conv.groups)
+        layout = (list(ctx.stride), list(conv.padding), list(conv.dilation), False, [0, 0], conv.groups)
         bias_sizes = None if conv.bias is None else [weight.shape[0]]
 
         def weight_grad():
             _, grad_w, grad_b = torch.ops.aten.convolution_backward(
                 grad_out, x, weight, bias_sizes, *layout, [False, True, conv.bias is not None])
-            return grad_w, grad_b
+            return parameter_grad(conv, grad_w), grad_b
 
         grad_x = None
         if ctx.needs_input_grad[0]:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fastrl.config.checks import resolve_encoder
-from fastrl.config.hardware import resolve_precision
+from fastrl.config.hardware import resolve_first_conv, resolve_precision
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models.activations import Tanh
@@ -17,6 +17,7 @@ from fastrl.models import native_mlp
 from fastrl.models.linear import WeightLeftLinear
 from fastrl.models.normalizer import ObsNormalizer
 from fastrl.models.numpy_policy import MASKED_LOGIT
+from fastrl.models.space_to_depth import SpaceToDepthConv2d, tiles
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -41,15 +42,19 @@ class NatureCNN(nn.Module):
     the frames are multiplied by (EnvSpec.image_scale: 1/255 for uint8)."""
 
     def __init__(self, chw: tuple, out_dim: int = 512, obs_channels_last: bool = False,
-                 input_scale: float = UINT8_SCALE):
+                 input_scale: float = UINT8_SCALE, space_to_depth: bool = False):
         super().__init__()
-        c = chw[0]
+        c, h, w = chw
         self.obs_channels_last, self.input_scale = obs_channels_last, input_scale
+        # model.first_conv: the first conv on 4x4 tiles of the frames (fastrl.models.space_to_depth), where they tile
+        self.input_block = 4 if space_to_depth and tiles(chw, 8, 4) else 1
+        first = SpaceToDepthConv2d(c, 32, 8, 4) if self.input_block > 1 else nn.Conv2d(c, 32, 8, stride=4)
         self.convs = nn.Sequential(
-            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            first, nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        b = self.input_block
         with torch.no_grad():
-            n = self.convs(torch.zeros(1, *chw)).shape[1]
+            n = self.convs(torch.zeros(1, c * b * b, h // b, w // b)).shape[1]
         self.fc = nn.Sequential(WeightLeftLinear(n, out_dim), nn.ReLU())
         self.input_dtype = torch.float32  # bf16 under model.precision=bf16: the convs would cast to it anyway
         for m in self.modules():
@@ -64,9 +69,9 @@ class NatureCNN(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         # the frames become the dtype and memory order the first conv wants, scaled, in one pass
-        channels_last = self.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
+        channels_last = self.input_block > 1 or self.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
         return self.fc(self.convs(frames_to_input(self.as_nchw(obs), self.input_dtype, channels_last,
-                                                  self.input_scale)))
+                                                  self.input_scale, self.input_block)))
 
 
 class ActorCritic(nn.Module):
@@ -80,10 +85,16 @@ class ActorCritic(nn.Module):
         encoder = resolve_encoder(cfg, spec)
         self.normalizer = ObsNormalizer(spec.obs_shape) if cfg.normalize_obs else None
 
+        # "auto" is normally resolved with the config (fastrl.config.hardware); a model built
+        # straight from a ModelConfig resolves it for the CPU
+        precision = resolve_precision(cfg.precision, "cpu")
+        space_to_depth = resolve_first_conv(cfg.first_conv, precision, "cpu") == "space_to_depth"
+
         def make_encoder():
             if encoder == "nature_cnn":
                 width = cfg.hidden_sizes[0] if cfg.hidden_sizes else 512
-                return NatureCNN(spec.image_chw, width, spec.obs_channels_last, spec.image_scale), width
+                return NatureCNN(spec.image_chw, width, spec.obs_channels_last, spec.image_scale,
+                                 space_to_depth), width
             return _mlp(int(math.prod(spec.obs_shape)), cfg.hidden_sizes, cfg.activation)
 
         self.actor_encoder, feat = make_encoder()
@@ -97,9 +108,7 @@ class ActorCritic(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((spec.num_actions,), float(cfg.init_log_std)))
         self._flatten = not spec.is_image
-        # "auto" is normally resolved with the config (fastrl.config.hardware); a model built
-        # straight from a ModelConfig resolves it for the CPU
-        self.bf16 = resolve_precision(cfg.precision, "cpu") == "bf16"
+        self.bf16 = precision == "bf16"
         for encoder in (self.actor_encoder, self.critic_encoder):
             if isinstance(encoder, NatureCNN) and self.bf16:
                 encoder.input_dtype = torch.bfloat16

@@ -20,6 +20,7 @@ from torch import nn
 
 from fastrl.models.actor_critic import ActorCritic, NatureCNN
 from fastrl.models.frames import frames_to_input
+from fastrl.models.space_to_depth import conv_weight_and_stride
 
 _OPS = ("_reorder_convolution_weight", "_reorder_linear_weight", "_convolution_pointwise", "_linear_pointwise")
 
@@ -41,14 +42,19 @@ class _PackedEncoder:
     def repack(self) -> None:
         mk = torch.ops.mkldnn
         with torch.inference_mode():
-            self.conv_weights = [mk._reorder_convolution_weight(c.weight, list(c.padding), list(c.stride),
-                                                                list(c.dilation), c.groups) for c in self.convs]
+            # a space-to-depth first conv runs its weight cut into tiles, at stride 1
+            called = [conv_weight_and_stride(c, c.weight) for c in self.convs]
+            self.strides = [list(stride) for _, stride in called]
+            self.conv_weights = [
+                mk._reorder_convolution_weight(weight.contiguous(memory_format=torch.channels_last), list(c.padding),
+                                               stride, list(c.dilation), c.groups)
+                for c, (weight, _), stride in zip(self.convs, called, self.strides)]
             self.fc_weight = mk._reorder_linear_weight(self.fc.weight, self.batch_hint)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         mk = torch.ops.mkldnn
-        for conv, weight in zip(self.convs, self.conv_weights):
-            x = mk._convolution_pointwise(x, weight, conv.bias, list(conv.padding), list(conv.stride),
+        for conv, weight, stride in zip(self.convs, self.conv_weights, self.strides):
+            x = mk._convolution_pointwise(x, weight, conv.bias, list(conv.padding), stride,
                                           list(conv.dilation), conv.groups, "relu", [], "")
         return mk._linear_pointwise(x.flatten(1), self.fc_weight, self.fc.bias, "relu", [], "")
 
@@ -72,7 +78,8 @@ class PackedForward:
 
     def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.model
-        x = frames_to_input(m.actor_encoder.as_nchw(obs), self.input_dtype, True, m.actor_encoder.input_scale)
+        enc = m.actor_encoder
+        x = frames_to_input(enc.as_nchw(obs), self.input_dtype, True, enc.input_scale, enc.input_block)
         h = self.actor(x)
         h_v = h if self.critic is None else self.critic(x)
         # the heads' weights share the layers' dtype (bf16 in a bf16 network), as under autocast

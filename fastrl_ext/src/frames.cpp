@@ -1,15 +1,19 @@
 // fastrl_ext._frames: uint8 frames [N, C, H, W] to the Nature CNN's input, scaled to [0, 1], in one
-// pass: bf16 or float32, in the conv's own memory order (channels-last NHWC, or NCHW).
+// pass: bf16 or float32, in the conv's own memory order (channels-last NHWC, or NCHW), or cut into
+// blocks for a space-to-depth first conv (fastrl.models.space_to_depth).
 //
 // Why native: torch does it in three passes (cast, relayout, scale) and its bf16 relayout is slow:
 // 58-87 us per 84x84x4 Pong frame on the AVX-512 EPYC for the learner's channels-last bf16 input
 // (7-16 us here), which it pays three times per env step trained (the no-grad forward and two
 // epochs): the Pong learner's CPU per batch 0.97x with this pass. One pass reads the 28 KB frame once
 // and writes the input once (bench/frames_microbench.py [--learner configs/atari_pong.yaml]).
-//   frames_to_input(frames, out, channels_last):
+//   frames_to_input(frames, out, channels_last, block=1):
 //     frames: uint8, C-contiguous [N, C, H, W]
 //     out:    C-contiguous [N, H, W, C] (channels_last) or [N, C, H, W], float32 ('f') or bf16 passed
 //             as its int16 bits ('h'), the same element count
+//     block b > 1 (channels_last only; b divides H and W): out is [N, H/b, W/b, C*b*b], torch's
+//             pixel_unshuffle(x, b) in channels-last memory: out[n, i, j, (c*b + dy)*b + dx] =
+//             frames[n, c, b*i + dy, b*j + dx]
 //     out = frames * float32(1/255), rounded to bf16 to nearest even for a bf16 out
 // The product is the one torch's `x.mul_(1.0 / 255.0)` computes on the cast frames (float32 opmath,
 // then one rounding); fastrl.models.frames checks all 256 values against torch before first use.
@@ -18,6 +22,7 @@
 #include "isa.h"
 
 #include <cstdint>
+#include <cstring>
 
 namespace {
 
@@ -65,28 +70,76 @@ __attribute__((always_inline)) inline void to_input(const uint8_t* in, Out* out,
     }
 }
 
-using Bf16Fn = void (*)(const uint8_t*, uint16_t*, int64_t, int64_t, int64_t, bool);
-using F32Fn = void (*)(const uint8_t*, float*, int64_t, int64_t, int64_t, bool);
+// One tile pixel at a time: its C*b*b bytes are gathered from the C*b image rows in b-byte pieces, then
+// converted in one fixed-length pass (vectorised) and written as one contiguous run. kCB = C*b*b = 64 (the
+// Nature CNN's 4 frames at stride 4) gets its own instance; any other shape takes the generic loop.
+template <typename Out, int kC, int kB>
+__attribute__((always_inline)) inline void tiles_fixed(const uint8_t* in, Out* out, int64_t n, int64_t h, int64_t w) {
+    constexpr int kCB = kC * kB * kB;
+    const int64_t hb = h / kB, wb = w / kB;
+    for (int64_t k = 0; k < n; ++k) {
+        for (int64_t i = 0; i < hb; ++i) {
+            const uint8_t* rows = in + (k * kC * h + i * kB) * w;  // channel 0, image row kB*i
+            for (int64_t j = 0; j < wb; ++j) {
+                uint8_t tile[kCB];
+                for (int ch = 0; ch < kC; ++ch) {
+                    for (int dy = 0; dy < kB; ++dy) {
+                        std::memcpy(tile + (ch * kB + dy) * kB, rows + (ch * h + dy) * w + j * kB, kB);
+                    }
+                }
+                Out* dst = out + ((k * hb + i) * wb + j) * kCB;
+                for (int e = 0; e < kCB; ++e) dst[e] = convert<Out>(tile[e]);
+            }
+        }
+    }
+}
 
-void bf16_default(const uint8_t* in, uint16_t* out, int64_t n, int64_t c, int64_t hw, bool cl) {
-    to_input(in, out, n, c, hw, cl);
+template <typename Out>
+__attribute__((always_inline)) inline void to_blocks(const uint8_t* in, Out* out, int64_t n, int64_t c, int64_t h,
+                                                     int64_t w, int64_t b) {
+    if (c == 4 && b == 4) {
+        tiles_fixed<Out, 4, 4>(in, out, n, h, w);
+        return;
+    }
+    const int64_t hb = h / b, wb = w / b, cbb = c * b * b;
+    for (int64_t k = 0; k < n; ++k) {
+        for (int64_t ch = 0; ch < c; ++ch) {
+            for (int64_t y = 0; y < h; ++y) {
+                const uint8_t* row = in + ((k * c + ch) * h + y) * w;
+                Out* dst = out + (k * hb + y / b) * wb * cbb + (ch * b + y % b) * b;
+                for (int64_t j = 0; j < wb; ++j) {
+                    for (int64_t dx = 0; dx < b; ++dx) dst[j * cbb + dx] = convert<Out>(row[j * b + dx]);
+                }
+            }
+        }
+    }
 }
-void f32_default(const uint8_t* in, float* out, int64_t n, int64_t c, int64_t hw, bool cl) {
-    to_input(in, out, n, c, hw, cl);
+
+template <typename Out>
+__attribute__((always_inline)) inline void convert_all(const uint8_t* in, Out* out, int64_t n, int64_t c, int64_t h,
+                                                       int64_t w, bool cl, int64_t b) {
+    if (b > 1) {
+        to_blocks(in, out, n, c, h, w, b);
+    } else {
+        to_input(in, out, n, c, h * w, cl);
+    }
 }
+
+using Bf16Fn = void (*)(const uint8_t*, uint16_t*, int64_t, int64_t, int64_t, int64_t, bool, int64_t);
+using F32Fn = void (*)(const uint8_t*, float*, int64_t, int64_t, int64_t, int64_t, bool, int64_t);
+
+#define FASTRL_FRAMES_VARIANT(ATTR, NAME, OUT)                                                                    \
+    ATTR void NAME(const uint8_t* in, OUT* out, int64_t n, int64_t c, int64_t h, int64_t w, bool cl, int64_t b) { \
+        convert_all(in, out, n, c, h, w, cl, b);                                                                  \
+    }
+
+FASTRL_FRAMES_VARIANT(, bf16_default, uint16_t)
+FASTRL_FRAMES_VARIANT(, f32_default, float)
 #if FASTRL_X86_VARIANTS
-FASTRL_TARGET_AVX2 void bf16_avx2(const uint8_t* in, uint16_t* out, int64_t n, int64_t c, int64_t hw, bool cl) {
-    to_input(in, out, n, c, hw, cl);
-}
-FASTRL_TARGET_AVX2 void f32_avx2(const uint8_t* in, float* out, int64_t n, int64_t c, int64_t hw, bool cl) {
-    to_input(in, out, n, c, hw, cl);
-}
-FASTRL_TARGET_AVX512 void bf16_avx512(const uint8_t* in, uint16_t* out, int64_t n, int64_t c, int64_t hw, bool cl) {
-    to_input(in, out, n, c, hw, cl);
-}
-FASTRL_TARGET_AVX512 void f32_avx512(const uint8_t* in, float* out, int64_t n, int64_t c, int64_t hw, bool cl) {
-    to_input(in, out, n, c, hw, cl);
-}
+FASTRL_FRAMES_VARIANT(FASTRL_TARGET_AVX2, bf16_avx2, uint16_t)
+FASTRL_FRAMES_VARIANT(FASTRL_TARGET_AVX2, f32_avx2, float)
+FASTRL_FRAMES_VARIANT(FASTRL_TARGET_AVX512, bf16_avx512, uint16_t)
+FASTRL_FRAMES_VARIANT(FASTRL_TARGET_AVX512, f32_avx512, float)
 const Bf16Fn bf16_variants[] = {bf16_default, bf16_avx2, bf16_avx512};
 const F32Fn f32_variants[] = {f32_default, f32_avx2, f32_avx512};
 #else
@@ -98,12 +151,18 @@ Bf16Fn bf16_fn = bf16_default;
 F32Fn f32_fn = f32_default;
 
 PyObject* py_frames_to_input(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "frames_to_input(frames, out, channels_last) takes 3 arguments");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "frames_to_input(frames, out, channels_last, block=1) takes 3 or 4 arguments");
         return nullptr;
     }
     const int channels_last = PyObject_IsTrue(args[2]);
     if (channels_last < 0) return nullptr;
+    const long block = nargs == 4 ? PyLong_AsLong(args[3]) : 1;
+    if (block == -1 && PyErr_Occurred()) return nullptr;
+    if (block < 1 || (block > 1 && !channels_last)) {
+        PyErr_SetString(PyExc_ValueError, "frames_to_input: block must be 1, or more with channels_last");
+        return nullptr;
+    }
     View frames, out;
     if (!frames.get(args[0], false, "frames_to_input", "frames") || !out.get(args[1], true, "frames_to_input", "out")) {
         return nullptr;
@@ -118,7 +177,13 @@ PyObject* py_frames_to_input(PyObject*, PyObject* const* args, Py_ssize_t nargs)
         return nullptr;
     }
     const Py_ssize_t n = frames.dim(0), c = frames.dim(1), h = frames.dim(2), w = frames.dim(3);
-    const Py_ssize_t want[4] = {n, channels_last ? h : c, channels_last ? w : h, channels_last ? c : w};
+    if (h % block != 0 || w % block != 0) {
+        PyErr_Format(PyExc_ValueError, "frames_to_input: block %ld must divide the frames' height %zd and width %zd",
+                     block, h, w);
+        return nullptr;
+    }
+    const Py_ssize_t want[4] = {n, channels_last ? h / block : c, channels_last ? w / block : h,
+                                channels_last ? c * block * block : w};
     for (int i = 0; i < 4; ++i) {
         if (out.dim(i) != want[i]) {
             PyErr_Format(PyExc_ValueError, "frames_to_input: out must be [%zd, %zd, %zd, %zd] for these frames", want[0],
@@ -129,9 +194,9 @@ PyObject* py_frames_to_input(PyObject*, PyObject* const* args, Py_ssize_t nargs)
     const auto* in = static_cast<const uint8_t*>(frames.buf.buf);
     Py_BEGIN_ALLOW_THREADS  // the learner's shards convert their pieces at once
     if (kind == 'h') {
-        bf16_fn(in, static_cast<uint16_t*>(out.buf.buf), n, c, h * w, channels_last);
+        bf16_fn(in, static_cast<uint16_t*>(out.buf.buf), n, c, h, w, channels_last, block);
     } else {
-        f32_fn(in, static_cast<float*>(out.buf.buf), n, c, h * w, channels_last);
+        f32_fn(in, static_cast<float*>(out.buf.buf), n, c, h, w, channels_last, block);
     }
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
@@ -140,8 +205,9 @@ PyObject* py_frames_to_input(PyObject*, PyObject* const* args, Py_ssize_t nargs)
 PyMethodDef methods[] = {
     {"frames_to_input", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_frames_to_input)),
      METH_FASTCALL,
-     "frames_to_input(frames, out, channels_last): uint8 [N,C,H,W] frames / 255 into out, [N,H,W,C] when "
-     "channels_last else [N,C,H,W], float32 or bf16 (as int16 bits)."},
+     "frames_to_input(frames, out, channels_last, block=1): uint8 [N,C,H,W] frames / 255 into out, [N,H,W,C] "
+     "when channels_last else [N,C,H,W], or [N,H/b,W/b,C*b*b] blocks (pixel_unshuffle) for block b > 1; float32 "
+     "or bf16 (as int16 bits)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_frames", "uint8 frames to the CNN's input in one pass (fastrl_ext).",

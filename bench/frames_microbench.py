@@ -6,7 +6,8 @@
 
 Batches: 16 is what a Pong inference worker typically gets, 64 a learner minibatch, 528 a learner
 shard's share of the no-grad forward. Rows: bf16 channels-last (the learner in bf16), bf16 NCHW (an
-inference worker in bf16), float32 channels-last (the learner in fp32, e.g. on an AVX2 host).
+inference worker in bf16), float32 channels-last (the learner in fp32, e.g. on an AVX2 host), bf16 4x4
+tiles (model.first_conv=space_to_depth; torch's reference adds a pixel_unshuffle).
 With `--learner`, the preset's learner (as `fastrl bench`'s learn stage sets it up) trains its
 synthetic batch with the frames made by torch or by fastrl_ext in alternate rounds: CPU s per batch,
 and the ratio per pair of rounds.
@@ -24,8 +25,8 @@ import fastrl.models.frames as frames_module
 from fastrl.models.frames import _native_into, frames_to_input_torch
 from fastrl_ext import _frames
 
-CASES = [("bf16 channels-last", torch.bfloat16, True), ("bf16 NCHW", torch.bfloat16, False),
-         ("fp32 channels-last", torch.float32, True)]
+CASES = [("bf16 channels-last", torch.bfloat16, True, 1), ("bf16 NCHW", torch.bfloat16, False, 1),
+         ("fp32 channels-last", torch.float32, True, 1), ("bf16 4x4 tiles", torch.bfloat16, True, 4)]
 
 
 def main() -> int:
@@ -44,12 +45,12 @@ def main() -> int:
     print(f"{'batch':>6}  {'input':<20} {'torch':>8} {'fastrl_ext':>11} {'speed-up':>9}")
     for batch in args.batch or [16, 64, 528]:
         obs = torch.randint(0, 256, (batch, *shape), dtype=torch.uint8)
-        for name, dtype, channels_last in CASES:
+        for name, dtype, channels_last, block in CASES:
             times: dict[str, list] = {"torch": [], "native": []}
             for _ in range(args.repeats):
                 for kind, fn in (("torch", frames_to_input_torch), ("native", _native_into)):
                     t0 = time.perf_counter()
-                    fn(obs, dtype, channels_last)
+                    fn(obs, dtype, channels_last, block=block)
                     times[kind].append((time.perf_counter() - t0) / batch * 1e6)
             t, n = statistics.median(times["torch"]), statistics.median(times["native"])
             print(f"{batch:>6}  {name:<20} {t:8.2f} {n:11.2f} {t / n:8.1f}x")

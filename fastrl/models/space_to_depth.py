@@ -5,8 +5,8 @@ The first conv reads 4 channels (the frame stack) with an 8x8 kernel at stride 4
 the kernel the same way, and it becomes a 2x2 kernel at stride 1 over 64 channels: every output is the
 same sum of the same products, added in another order. oneDNN's bf16 kernels on an AMX Xeon fill their
 tiles with input channels, and 4 channels leave most of each tile empty: at batch 64, 1 thread, the
-weight gradient takes 0.86 ms instead of 1.99 and the forward 0.47 instead of 0.60 (fp32: 0.95x and
-0.98x; bench/README, stop 71).
+weight gradient takes 1.05 ms instead of 2.23 and the forward 0.54 instead of 0.69 (in fp32 a tie;
+bench/space_to_depth_microbench.py, bench/README stop 71).
 
 The parameter keeps its [out, C, 8, 8] shape, so checkpoints, the optimizer and the published weights
 see the plain conv: the forward cuts it (~14 µs) and autograd's pixel_unshuffle backward (a

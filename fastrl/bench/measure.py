@@ -276,22 +276,26 @@ def alternated_us_per_call(calls: dict[str, Callable[[], None]], rounds: int, se
     return {name: statistics.median(v) for name, v in runs.items()}
 
 
-def alternated_learner_cpu_ms(trainer, batch: dict, routes: dict[str, Callable[[], None]], rounds: int,
-                              seconds: float) -> dict[str, list[float]]:
-    """The learner's CPU ms per batch (this thread's, so other processes' load counts less than in wall
-    time) under each of `routes`, each a call that switches the trainer to one implementation: after a
-    1 s warm-up of each (allocator, first-call paths), `rounds` rounds of `seconds` each, the order
-    reversed every other round so that the host's drift hits both alike. The caller restores its state."""
-    names = list(routes)
+def alternated_learner_cpu_ms(learners: dict[str, tuple], rounds: int, seconds: float,
+                              clock: Callable[[], float] = time.thread_time) -> dict[str, list[float]]:
+    """The learner's CPU ms per batch under each of `learners`, name -> (trainer, batch, switch): `switch`
+    (None for a trainer of its own) puts the trainer on that name's implementation before each of its
+    stretches. After a 1 s warm-up of each (allocator, first-call paths), `rounds` rounds of `seconds` each,
+    the order reversed every other round so that the host's drift hits all alike. `clock`: this thread's
+    CPU time by default (other processes' load counts less than in wall time); time.process_time for a
+    learner that trains on several threads. The caller restores any state a switch changed."""
+    names = list(learners)
 
     def cpu_ms_per_batch(name: str, budget_s: float) -> float:
-        routes[name]()
-        batches, cpu0, started = 0, time.thread_time(), time.perf_counter()
+        trainer, batch, switch = learners[name]
+        if switch is not None:
+            switch()
+        batches, cpu0, started = 0, clock(), time.perf_counter()
         while time.perf_counter() - started < budget_s:
             batch["policy_version"].fill_(trainer.policy_version)
             trainer.train(batch)
             batches += 1
-        return (time.thread_time() - cpu0) / batches * 1e3
+        return (clock() - cpu0) / batches * 1e3
 
     for name in names:
         cpu_ms_per_batch(name, 1.0)
@@ -320,9 +324,10 @@ def switched_learner_ab(config: str, overrides: list[str], choose: Callable, rou
     trainer, batch = learner_on_synthetic_batch(cfg, resolve_env(cfg.env))
     owner, name, values = choose(trainer)
     original = getattr(owner, name)
-    routes = {label: (lambda value=value: setattr(owner, name, value)) for label, value in values.items()}
+    learners = {label: (trainer, batch, lambda value=value: setattr(owner, name, value))
+                for label, value in values.items()}
     try:
-        spent = alternated_learner_cpu_ms(trainer, batch, routes, rounds, seconds)
+        spent = alternated_learner_cpu_ms(learners, rounds, seconds)
     finally:
         setattr(owner, name, original)
     before, after = values

@@ -260,11 +260,12 @@ class Progress:
         self.stream.flush()
 
 
-def learner_ab_lines(config: str, isa: str, spent: dict[str, list[float]], before: str, after: str) -> list[str]:
+def learner_ab_lines(config: str, isa: str, spent: dict[str, list[float]], before: str, after: str,
+                     threads: str = "1 thread") -> list[str]:
     """What a microbenchmark's learner A/B (fastrl.bench.measure.alternated_learner_cpu_ms) prints: the
     median CPU ms per batch of `before` and `after`, and before/after per pair of rounds (> 1: after is cheaper)."""
     ratios = [a / b for a, b in zip(spent[before], spent[after])]
-    return [f"{config}: learner CPU ms per batch, 1 thread, ISA {isa}: {before} "
+    return [f"{config}: learner CPU ms per batch, {threads}, ISA {isa}: {before} "
             f"{statistics.median(spent[before]):.2f}, {after} {statistics.median(spent[after]):.2f}",
             f"{before}/{after} per pair of rounds: {' '.join(f'{x:.2f}' for x in ratios)}; "
             f"median {statistics.median(ratios):.3f}"]

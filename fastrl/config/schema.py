@@ -77,7 +77,7 @@ class ModelConfig:
         "auto", "How the Nature CNN's first conv (8x8 kernel, stride 4, over the frame stack's 4 channels) runs. "
         "space_to_depth: on the frames cut into 4x4 tiles, each tile's pixels as 64 channels, with a 2x2 kernel at "
         "stride 1: the same products in another order, which oneDNN's bf16 kernels on an AMX CPU run far faster "
-        "(weight gradient 0.47x, forward 0.78x at batch 64); for images whose height and width 4 divides, others "
+        "(weight gradient 0.49x, forward 0.86x at batch 64); for images whose height and width 4 divides, others "
         "keep the strided conv. The parameter keeps its shape, so checkpoints load either way. auto = "
         "space_to_depth in bf16 on a CPU with amx_bf16 (where it was measured), else strided.")
     native_mlp: bool = opt(

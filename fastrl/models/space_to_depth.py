@@ -5,7 +5,7 @@ The first conv reads 4 channels (the frame stack) with an 8x8 kernel at stride 4
 the kernel the same way, and it becomes a 2x2 kernel at stride 1 over 64 channels: every output is the
 same sum of the same products, added in another order. oneDNN's bf16 kernels on an AMX Xeon fill their
 tiles with input channels, and 4 channels leave most of each tile empty: at batch 64, 1 thread, the
-weight gradient takes 1.05 ms instead of 2.23 and the forward 0.54 instead of 0.69 (in fp32 a tie;
+weight gradient takes 1.02 ms instead of 2.07 and the forward 0.60 instead of 0.70 (in fp32 a tie;
 bench/space_to_depth_microbench.py, bench/README stop 71).
 
 The parameter keeps its [out, C, 8, 8] shape, so checkpoints, the optimizer and the published weights

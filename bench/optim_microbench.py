@@ -4,12 +4,18 @@ alternated.
 
     python bench/optim_microbench.py [--config configs/atari_pong.yaml] [--pieces 2] [--rounds 25]
     OMP_WAIT_POLICY=PASSIVE python bench/optim_microbench.py --learner [--config configs/atari_pong.yaml] [--rounds 15]
+    python bench/optim_microbench.py --learner-pieces [--config configs/atari_pong.yaml] [--rounds 8] [--seconds 3]
 
 torch: the pieces cast-copied and added into the fp32 .grad, the clip's norm and scale, Adam (its
 fused kernel), then the bf16 copy refreshed from the new weights. fastrl_ext: the pieces summed with
 their sum of squares in one pass, then one Adam pass that applies the clip's scale and writes the
-new weights into the bf16 copy too (its refresh is then a no-op). Caches are evicted before each
-step, as the backward that precedes it leaves them. With `--learner`, the preset's whole learner (as `fastrl bench`'s learn stage sets it
+new weights into the bf16 copy too (its refresh is then a no-op). fastrl_ext on pieces: the pieces'
+sum of squares without writing their sum, then the Adam pass summing them again as it reads them
+(no .grad; what the learner runs, Bf16WorkingCopy.gradient_pieces). Caches are evicted before each
+step, as the backward that precedes it leaves them. With `--learner-pieces`, the preset's learner as
+`fastrl bench`'s learn stage sets it up (its shards too) trains its synthetic batch with Adam's native
+step on the summed .grad and on the pieces, in alternated rounds (fastrl.bench.measure): the process's
+CPU ms per batch. With `--learner`, the preset's whole learner (as `fastrl bench`'s learn stage sets it
 up) trains its synthetic batch with fastrl_ext._optim off and on in alternate rounds: CPU and wall s per
 batch. For a bf16 learner that switches the working copy's gradient sum, clip and Adam; for a fp32 one,
 Adam and (parameters kept apart, as the CNN's are) the clip's sum of squares.
@@ -27,6 +33,8 @@ import fastrl.algo.appo as appo
 from fastrl.algo.adam import Adam
 from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.grad_clip import clip_grad_norm, clip_scale_of
+from fastrl.bench.measure import alternated_learner_cpu_ms
+from fastrl.bench.report import learner_ab_lines
 from fastrl.config import load_config
 from fastrl.config.hardware import resolve_auto, with_precision
 from fastrl.envs import resolve_env
@@ -58,7 +66,14 @@ def step_ab(cfg, spec, pieces_count: int, rounds: int) -> None:
             copy.written_by_step()
         copy.refresh()
 
-    steps = {"torch": torch_step, "fastrl_ext": native_step}
+    def pieces_step(copy):
+        sum_sq, views = copy.gradient_pieces(pieces)
+        adam.step(clip_scale_of(sum_sq ** 0.5, max_norm), copy.params, views)
+        copy.written_by_step()
+        copy.refresh()
+
+    copies["fastrl_ext on pieces"] = Bf16WorkingCopy(model, native=True)
+    steps = {"torch": torch_step, "fastrl_ext": native_step, "fastrl_ext on pieces": pieces_step}
     cpu_ms: dict[str, list] = {name: [] for name in steps}
     for round_ in range(rounds + 1):  # round 0 warms both up and is not counted
         for name, step in steps.items():
@@ -72,10 +87,11 @@ def step_ab(cfg, spec, pieces_count: int, rounds: int) -> None:
     print(f"{n:,} parameters, {pieces_count} bf16 piece(s), fastrl_ext._optim as {_optim.ISA}; "
           f"CPU ms per optimizer step (grad sum, clip, Adam, copy refresh), medians of {rounds} alternated rounds")
     for name, values in cpu_ms.items():
-        print(f"  {name:<11} {statistics.median(values):7.3f}")
-    ratios = [b / a for a, b in zip(cpu_ms["torch"], cpu_ms["fastrl_ext"])]
-    print(f"  fastrl_ext / torch per round: median {statistics.median(ratios):.3f} "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+        print(f"  {name:<20} {statistics.median(values):7.3f}")
+    for after, before in (("fastrl_ext", "torch"), ("fastrl_ext on pieces", "fastrl_ext")):
+        ratios = [b / a for a, b in zip(cpu_ms[before], cpu_ms[after])]
+        print(f"  {after} / {before} per round: median {statistics.median(ratios):.3f} "
+              f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
 
 
 def _layout(p: torch.Tensor):
@@ -131,15 +147,37 @@ def learner_ab(cfg, spec, rounds: int) -> None:
               f"median {statistics.median(ratios):.3f}")
 
 
+def pieces_ab(config: str, cfg, spec, rounds: int, seconds: float) -> None:
+    from fastrl.bench.components import learner_on_synthetic_batch
+
+    trainer, batch = learner_on_synthetic_batch(cfg, spec)
+    if trainer.bf16_copy is None or not trainer.bf16_copy.native:
+        raise SystemExit("--learner-pieces compares a bf16 learner's native optimizer steps: this preset's "
+                         "learner has no bf16 working copy, or algo.native_optimizer is off")
+    before, after = "summed into .grad", "Adam on the pieces"
+    learners = {before: (trainer, batch, lambda: setattr(trainer, "step_on_pieces", False)),
+                after: (trainer, batch, lambda: setattr(trainer, "step_on_pieces", True))}
+    # the process's CPU: the learner's shards run on two threads
+    spent = alternated_learner_cpu_ms(learners, rounds, seconds, clock=time.process_time)
+    threads = f"{cfg.system.learner_shards} shard(s) ({cfg.system.learner_split})"
+    print("\n".join(learner_ab_lines(config, _optim.ISA, spent, before, after, threads)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/atari_pong.yaml")
     parser.add_argument("--pieces", type=int, default=2, help="bf16 gradient pieces (the learner's shards)")
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--learner", action="store_true", help="A/B the preset's whole learner batch instead")
+    parser.add_argument("--learner-pieces", action="store_true",
+                        help="A/B the preset's learner with Adam on the summed .grad and on the gradient pieces")
+    parser.add_argument("--seconds", type=float, default=3.0, help="each round's stretch with --learner-pieces")
     args = parser.parse_args()
     cfg = resolve_auto(load_config(args.config, []))
     spec = resolve_env(cfg.env)
+    if args.learner_pieces:
+        pieces_ab(args.config, cfg, spec, args.rounds, args.seconds)
+        return
     if args.learner:
         learner_ab(cfg, spec, args.rounds)
         return

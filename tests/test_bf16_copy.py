@@ -26,7 +26,7 @@ CASES = {  # spec, preset, overrides: the CNN's channels-last list of parameters
 }
 
 
-def _trainer(case, working_copy, shards=1, unit="samples", extra=(), native_optimizer=False):
+def _trainer(case, working_copy, shards=1, unit="samples", extra=(), native_optimizer=False, split="rows"):
     spec, preset, overrides = CASES[case]
     # first_conv pinned, not left to the host (auto is space_to_depth on AMX): the native and torch optimizers'
     # runs agree "to rounding" over 32 bf16 steps only while rounding never sends a bf16 weight the other way,
@@ -39,7 +39,8 @@ def _trainer(case, working_copy, shards=1, unit="samples", extra=(), native_opti
     model = seeded_model(spec, cfg.model, seed=3)
     if spec.is_image:
         model.to(memory_format=torch.channels_last)
-    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards, bf16_working_copy=working_copy)
+    trainer = APPOTrainer(model, cfg.algo, cfg.sampler.max_policy_lag, shards=shards, bf16_working_copy=working_copy,
+                          split=split)
     return trainer, cfg, spec
 
 
@@ -87,6 +88,8 @@ def test_native_optimizer_gives_torchs_gradients_and_its_norm_to_rounding(shards
     results = []
     for native in (False, True):
         trainer, cfg, spec = _trainer("cnn", True, shards, native_optimizer=native)
+        # the summed .grad compared here; the test below holds Adam's step on the pieces to this one
+        trainer.step_on_pieces = False
         batch = _batch(cfg, spec)
         first = dict(batch, train_mask=batch["valid"].bool())
         trainer._loss_and_gradient(*next(trainer._minibatches(first)))
@@ -111,6 +114,48 @@ def test_native_optimizer_gives_torchs_gradients_and_its_norm_to_rounding(shards
     assert_same_steps_up_to_rounding(w_torch, w_native, cfg.algo.lr, rtol=1e-5, atol=1e-7)
     moved = max(float((a - b).abs().max()) for a, b in zip(w_torch, [p.detach() for p in _trainer("cnn", True)[0].trained_params]))
     assert moved > 1e-4  # the steps themselves move the weights far more than the rounding does
+
+
+@pytest.mark.parametrize("shards,split", [(1, "rows"), (2, "rows"), (2, "weight_grads")])
+def test_adam_on_the_gradient_pieces_trains_to_the_summed_grads_weights_bit_for_bit(shards, split):
+    """Adam's native step summing the bf16 pieces as it reads them (no .grad written; one piece per
+    parameter with one shard or the split backward, two with two row shards) must land where the
+    pieces summed into .grad first land, to the bit: the same float32 sums, the same norm, the same
+    update."""
+    results = []
+    for on_pieces in (False, True):
+        trainer, cfg, spec = _trainer("cnn", True, shards, native_optimizer=True, split=split)
+        trainer.step_on_pieces = on_pieces
+        batch = _batch(cfg, spec)
+        first = dict(batch, train_mask=batch["valid"].bool())
+        trainer._loss_and_gradient(*next(trainer._minibatches(first)))
+        took_pieces = trainer.grad_pieces is not None
+        assert took_pieces == on_pieces
+        if on_pieces:
+            assert all(p.grad is None for p in trainer.trained_params)  # nothing written
+            count = 2 if split == "rows" and shards == 2 else 1
+            assert {len(views) for views in trainer.grad_pieces if views is not None} == {count}
+        sum_sq = trainer.grad_sum_sq
+        stats = [trainer.train(batch), trainer.train(_batch(cfg, spec))]
+        results.append((sum_sq, stats, [p.detach().clone() for p in trainer.trained_params],
+                        [m.clone() for m in trainer.optimizer.exp_avg_sqs],
+                        [c.detach().clone() for c in trainer.bf16_copy.params]))
+    (sum_a, stats_a, w_a, v_a, c_a), (sum_b, stats_b, w_b, v_b, c_b) = results
+    assert sum_a == sum_b
+    for a, b in zip(stats_a, stats_b):
+        assert a["grad_norm"] == b["grad_norm"] and a["loss"] == b["loss"] and a["sgd_steps"] == b["sgd_steps"] == 8
+    for a, b in zip(w_a + v_a + c_a, w_b + v_b + c_b):
+        assert torch.equal(a, b)
+    assert max(float(v.abs().max()) for v in v_b) > 0
+
+
+def test_adam_refuses_gradient_pieces_where_it_cannot_step_on_them():
+    trainer, cfg, spec = _trainer("cnn", True, native_optimizer=True)
+    adam, copies = trainer.optimizer, trainer.bf16_copy.params
+    assert adam.steps_on_pieces(copies)
+    assert not adam.steps_on_pieces(copies[:-1])  # not one copy per parameter
+    with pytest.raises(RuntimeError, match="steps_on_pieces"):
+        adam.step(0.5, copies[:-1], [None] * len(adam.params))
 
 
 def test_a_copy_written_by_the_step_is_cast_again_once_the_master_changes():

@@ -1,8 +1,9 @@
 """fastrl_ext._optim against its references: the bf16 gradient pieces summed into a float32 .grad
 must be torch's cast-copy and adds to the bit, for any piece count and length (the vector loop's tail
 included), and the sum of squares must be that .grad's (and sum_squares a float32 buffer's, in
-float64); the Adam step must land where the paper's update (in float64) and torch's fused kernel land,
-to float32 rounding, and round the new weights into the bf16 copy as torch does; every compiled
+float64), with or without the sum written; the Adam step must land where the paper's update (in
+float64) and torch's fused kernel land, to float32 rounding, and round the new weights into the bf16
+copy as torch does, and on the pieces where it lands on their written sum, to the bit; every compiled
 variant too."""
 
 import math
@@ -42,12 +43,22 @@ def test_sum_matches_torch(count, n):
     assert sum_sq == pytest.approx(float(expected.double().square().sum()), rel=1e-13)
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 4099])
+def test_sum_squares_of_pieces_without_dst_is_the_written_sums(count, n):
+    """dst None: the same float64 sum of squares to the bit, nothing written (what the learner's clip
+    takes before Adam steps on the pieces)."""
+    bits = [p.view(torch.int16).numpy() for p in _pieces(count, n, seed=count * 100 + n)]
+    assert _optim.sum_pieces(None, bits) == _optim.sum_pieces(np.empty(n, np.float32), bits)
+
+
 def test_a_nan_or_inf_makes_the_sum_of_squares_non_finite():
     for bad in (float("nan"), float("inf")):
         pieces = _pieces(2, 100)
         pieces[1][37] = bad
         dst = torch.empty(100)
         assert not math.isfinite(_optim.sum_pieces(dst.numpy(), [p.view(torch.int16).numpy() for p in pieces]))
+        assert not math.isfinite(_optim.sum_pieces(None, [p.view(torch.int16).numpy() for p in pieces]))
 
 
 @pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 1000, 9093])
@@ -81,6 +92,8 @@ def test_sum_refuses_what_it_cannot_fill():
         _optim.sum_pieces(dst, [])
     with pytest.raises(ValueError, match="1 to 8 pieces"):
         _optim.sum_pieces(dst, [bits] * 9)
+    with pytest.raises(TypeError, match="element count"):
+        _optim.sum_pieces(None, [bits, np.zeros(7, np.int16)])
     with pytest.raises(TypeError, match="writable"):
         dst.flags.writeable = False
         _optim.sum_pieces(dst, [bits])
@@ -126,6 +139,28 @@ def test_adam_step_matches_the_paper_and_torchs_fused_kernel(n, step, grad_mul):
     assert torch.equal(copy, ours_p.to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [1, 17, 4099])
+@pytest.mark.parametrize("with_copy", [True, False])
+def test_adam_step_on_pieces_is_the_step_on_their_written_sum_bit_for_bit(count, n, with_copy):
+    pieces = _pieces(count, n, seed=count + n)
+    bits = [p.view(torch.int16).numpy() for p in pieces]
+    gen = torch.Generator().manual_seed(n)
+    start = (torch.randn(n, generator=gen), torch.randn(n, generator=gen) * 1e-3, torch.rand(n, generator=gen) * 1e-4)
+    results = []
+    for grad in ("written", "pieces"):
+        p, m, v = (t.clone() for t in start)
+        copy = torch.empty(n, dtype=torch.bfloat16) if with_copy else None
+        g = _torch_sum(pieces).numpy() if grad == "written" else tuple(bits)
+        _optim.adam_step(p.numpy(), g, m.numpy(), v.numpy(), None if copy is None else copy.view(torch.int16).numpy(),
+                         2.5e-4, 0.9, 0.999, 1e-6, 7.0, 0.37)
+        results.append((p, m, v, copy))
+    for a, b in zip(*results):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert not torch.equal(results[1][0], start[0])  # it did move
+    assert all(torch.equal(p, q) for p, q in zip(pieces, _pieces(count, n, seed=count + n)))  # read, not written
+
+
 def test_adam_step_rounds_specials_into_the_copy_as_torch_does():
     p = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.0e38, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8])
     zeros = torch.zeros_like(p)
@@ -145,6 +180,13 @@ def test_adam_step_refuses_what_it_cannot_fill():
         _optim.adam_step(f, f.copy(), f.copy(), f.copy(), None, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1.0)
     with pytest.raises(TypeError, match="11 arguments"):
         _optim.adam_step(f, f, f, f)
+    bits = np.zeros(4, np.int16)
+    with pytest.raises(TypeError, match="element count"):
+        _optim.adam_step(f, [bits, np.zeros(3, np.int16)], f.copy(), f.copy(), None, 1e-3, 0.9, 0.999, 1e-8, 1.0, 1.0)
+    with pytest.raises(TypeError, match="bf16 as int16"):
+        _optim.adam_step(f, (f.copy(),), f.copy(), f.copy(), None, 1e-3, 0.9, 0.999, 1e-8, 1.0, 1.0)
+    with pytest.raises(ValueError, match="1 to 8"):
+        _optim.adam_step(f, [], f.copy(), f.copy(), None, 1e-3, 0.9, 0.999, 1e-8, 1.0, 1.0)
 
 
 def test_memory_order_views_cover_channels_last_weights():

@@ -50,19 +50,11 @@ class _NativeViews:
         without one a job each (copy None)."""
         if copies is None and adam.flat is not None:
             return self._flat_job(adam)
-        if _optim is None or adam.flat is not None:
-            return None
-        if copies is None:
-            copies = [None] * len(adam.params)
-        elif len(copies) != len(adam.params):
-            return None
-        key = tuple((p.data_ptr(), 0 if c is None else c.data_ptr()) for p, c in zip(adam.params, copies))
-        if key != self.key:
-            self.fixed, self.key = self._fixed(adam, copies), key
-        if self.fixed is None:
+        fixed_views = self.fixed_for(adam, [None] * len(adam.params) if copies is None else copies)
+        if fixed_views is None:
             return None
         jobs = []
-        for p, fixed in zip(adam.params, self.fixed):
+        for p, fixed in zip(adam.params, fixed_views):
             g = p.grad
             if g is None:
                 jobs.append(None)
@@ -72,6 +64,17 @@ class _NativeViews:
                 return None
             jobs.append((fixed[0], flat_g, *fixed[1:]))
         return jobs
+
+    def fixed_for(self, adam: "Adam", copies: list) -> list | None:
+        """(param, exp_avg, exp_avg_sq, copy) views per parameter for a step that writes `copies` (an entry
+        None: that parameter has no copy), made again when a tensor moves; None where the native step
+        over parameters kept apart does not apply."""
+        if _optim is None or adam.flat is not None or len(copies) != len(adam.params):
+            return None
+        key = tuple((p.data_ptr(), 0 if c is None else c.data_ptr()) for p, c in zip(adam.params, copies))
+        if key != self.key:
+            self.fixed, self.key = self._fixed(adam, copies), key
+        return self.fixed
 
     def _flat_job(self, adam: "Adam") -> list | None:
         """The one job over float32 CPU flat buffers (their views made once per address), or None."""
@@ -175,8 +178,14 @@ class Adam:
         self._summed_jobs = jobs  # the step reads the same gradients: its views cost ~75 µs to make again
         return sum(_optim.sum_squares(job[1]) for job in jobs if job is not None)
 
+    def steps_on_pieces(self, bf16_copies: list) -> bool:
+        """Whether `step(grad_mul, bf16_copies, grad_pieces)` can run: fastrl_ext._optim built and every
+        parameter, moment and copy a buffer it takes."""
+        return self._native.fixed_for(self, bf16_copies) is not None
+
     @torch.no_grad()
-    def step(self, grad_mul: torch.Tensor | float | None = None, bf16_copies: list | None = None) -> bool:
+    def step(self, grad_mul: torch.Tensor | float | None = None, bf16_copies: list | None = None,
+             grad_pieces: list | None = None) -> bool:
         """One update. `grad_mul` (a 0-dim tensor or a float, at most 1: a clip's scale) multiplies the
         gradients first; torch's fused kernel does it in place, as the divisor it calls grad_scale (the
         product may differ from `g * grad_mul` in the last bit).
@@ -184,11 +193,36 @@ class Adam:
         `bf16_copies`: one bf16 tensor per parameter (a working copy's layers, fastrl.algo.bf16_copy)
         to round the new weights into. Where fastrl_ext._optim can take the whole step it does, in one
         pass per parameter that also writes those copies (the gradients are then left unscaled), and
-        this returns True; otherwise torch steps and the copies are left as they were (False)."""
+        this returns True; otherwise torch steps and the copies are left as they were (False).
+
+        `grad_pieces` (with `bf16_copies`; see Bf16WorkingCopy.gradient_pieces): per parameter, the flat
+        bf16 gradient pieces to step on instead of its `.grad`, summed as they are read; None for a
+        parameter without a gradient. Only where `steps_on_pieces` holds: there is no `.grad` to fall
+        back on."""
+        if grad_pieces is not None:
+            self._pieces_step(grad_mul, bf16_copies, grad_pieces)
+            return True
         if (bf16_copies is not None or self.native) and self._native_step(grad_mul, bf16_copies):
             return bf16_copies is not None
         self._torch_step(grad_mul)
         return False
+
+    def _scalars(self, grad_mul: torch.Tensor | float | None) -> tuple:
+        group = self.param_groups[0]
+        beta1, beta2 = group["betas"]
+        return float(group["lr"]), beta1, beta2, float(group["eps"]), 1.0 if grad_mul is None else float(grad_mul)
+
+    def _pieces_step(self, grad_mul: torch.Tensor | float | None, bf16_copies: list, grad_pieces: list) -> None:
+        fixed = self._native.fixed_for(self, bf16_copies)
+        if fixed is None or len(grad_pieces) != len(self.params):
+            raise RuntimeError("Adam cannot step on gradient pieces here (check steps_on_pieces first)")
+        self._summed_jobs = None
+        lr, beta1, beta2, eps, mul = self._scalars(grad_mul)
+        live = [i for i, pieces in enumerate(grad_pieces) if pieces is not None]
+        torch._foreach_add_([self.steps[i] for i in live], 1)
+        for i in live:
+            p, m, v, copy = fixed[i]
+            _optim.adam_step(p, grad_pieces[i], m, v, copy, lr, beta1, beta2, eps, float(self.steps[i]), mul)
 
     def _native_step(self, grad_mul: torch.Tensor | float | None, bf16_copies: list | None) -> bool:
         jobs = self._summed_jobs if bf16_copies is None else None  # the views grad_sum_squares just made
@@ -197,10 +231,7 @@ class Adam:
             jobs = self._native.jobs(self, bf16_copies)
         if jobs is None:
             return False
-        group = self.param_groups[0]
-        lr, eps = float(group["lr"]), float(group["eps"])
-        beta1, beta2 = group["betas"]
-        mul = 1.0 if grad_mul is None else float(grad_mul)
+        lr, beta1, beta2, eps, mul = self._scalars(grad_mul)
         if self.flat is not None:  # one job, one shared counter: counted through its numpy view (~6 µs less)
             self._flat_step_array += 1
             _optim.adam_step(*jobs[0], lr, beta1, beta2, eps, float(self._flat_step_array), mul)

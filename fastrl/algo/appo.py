@@ -90,6 +90,10 @@ class APPOTrainer:
         # `net` runs every forward; `model` holds the fp32 weights that Adam updates and others read
         self.bf16_copy = Bf16WorkingCopy(model, cfg.native_optimizer) if model.bf16 and bf16_working_copy else None
         self.grad_sum_sq = None  # the last gradient's sum of squares, where the copy summed it natively
+        # the copy's bf16 gradient pieces that Adam steps on in place of a .grad (Bf16WorkingCopy.gradient_pieces)
+        self.grad_pieces = None
+        # off: the pieces are summed into the master's .grad first, as before (bench/optim_microbench.py compares)
+        self.step_on_pieces = True
         # a minibatch's loss and gradient without autograd, where its pieces all run natively (algo.native_gradient)
         self.native_gradient = NativeGradient(model, cfg, self.flat) if NativeGradient.supported(
             model, cfg, self.flat) else None
@@ -187,7 +191,7 @@ class APPOTrainer:
     def _loss_and_gradient(self, mb: dict, minibatch_loss) -> LossOutput:
         """The minibatch's loss, with its gradient in the parameters' .grad (zeroed first)."""
         self.optimizer.zero_grad(set_to_none=True)
-        self.grad_sum_sq = None
+        self.grad_sum_sq = self.grad_pieces = None
         if self.bf16_copy is not None:
             self.bf16_copy.refresh()  # the weights the last step left
         native = self._native_gradient_for(minibatch_loss)
@@ -198,7 +202,7 @@ class APPOTrainer:
             return self._sharded_sample_backward(mb)
         out = minibatch_loss(mb)
         if self.bf16_copy is not None:
-            self.grad_sum_sq = self.bf16_copy.set_master_grads([self.bf16_copy.gradients(out.loss)])
+            self._take_gradient([self.bf16_copy.gradients(out.loss)])
         else:
             out.loss.backward()
         return out
@@ -243,7 +247,7 @@ class APPOTrainer:
 
         results = self.pool.map(piece, list(enumerate(bounds)))
         if self.bf16_copy is not None:
-            self.grad_sum_sq = self.bf16_copy.set_master_grads([grads for _, _, grads in results])
+            self._take_gradient([grads for _, _, grads in results])
         else:
             for _, _, grads in results[1:]:
                 self._put_grads(grads, accumulate=True)
@@ -327,11 +331,26 @@ class APPOTrainer:
     def _install_gradient(self, grads: tuple) -> None:
         """Put one group member's gradient where the step reads it, as `loss.backward()` would."""
         self.optimizer.zero_grad(set_to_none=True)
+        self.grad_pieces = None
         if self.bf16_copy is not None:
-            self.grad_sum_sq = self.bf16_copy.set_master_grads([grads])
+            self._take_gradient([grads])
             return
         self.grad_sum_sq = None
         self._put_grads(grads, accumulate=False)
+
+    def _take_gradient(self, pieces: list) -> None:
+        """The bf16 working copy's gradient `pieces` (one tuple per piece): left for Adam's native step to sum
+        as it reads them where it can (`grad_pieces`, no .grad written), else summed into the master's .grad;
+        either way with their sum of squares where that is native (`grad_sum_sq`)."""
+        copy = self.bf16_copy
+        if (self.step_on_pieces and copy.native and isinstance(self.optimizer, Adam)
+                and self.optimizer.steps_on_pieces(copy.params)):
+            taken = copy.gradient_pieces(pieces)
+            if taken is not None:
+                self.grad_sum_sq, self.grad_pieces = taken
+                return
+        self.grad_pieces = None
+        self.grad_sum_sq = copy.set_master_grads(pieces)
 
     @torch.no_grad()
     def _put_grads(self, grads: tuple, accumulate: bool) -> None:
@@ -393,7 +412,7 @@ class APPOTrainer:
             copies = self.bf16_copy.params if self.bf16_copy is not None and self.bf16_copy.native else None
             if grad_mul is None and copies is None:
                 self.optimizer.step()  # any torch.optim-like optimizer (tests swap in torch's reference)
-            elif self.optimizer.step(grad_mul, copies):
+            elif self.optimizer.step(grad_mul, copies, self.grad_pieces):
                 self.bf16_copy.written_by_step()  # the step rounded the new weights into it: no refresh
             self.policy_version += 1
             if publish is not None and self.policy_version % cfg.publish_every_steps == 0:

@@ -16,6 +16,11 @@ instead of six: the pieces summed with the squares the clip needs (`set_master_g
 with the clip's scale, which also rounds the new weights into this copy (`written_by_step`), so the
 next refresh has nothing to cast.
 
+Where Adam also steps natively, the fp32 `.grad` need not exist at all (`gradient_pieces`): the pieces'
+sum of squares is taken without writing their sum, and Adam sums them again as it reads them, the
+same float32 sums in the same order. A Pong optimizer step then reads 3.4 MB of bf16 gradient once
+more instead of writing and reading back 6.8 MB of fp32 (bench/optim_microbench.py).
+
 Everything else is shared or copied as fp32: the observation normalizer is the master's own module
 (its statistics are updated there), a Gaussian head's log-std is copied at every refresh like the
 layers and its gradient comes back in fp32.
@@ -33,6 +38,16 @@ from fastrl.models import ActorCritic
 from fastrl_ext import _optim
 
 
+def _piece_views(dst: torch.Tensor, present: list) -> list | None:
+    """The flat int16 views fastrl_ext._optim reads `present` (one parameter's bf16 gradient pieces) through,
+    in `dst`'s memory order; None where a piece does not suit it."""
+    if (len(present) > 8 or dst.dtype != torch.float32 or dst.device.type != "cpu"
+            or any(g.dtype != torch.bfloat16 or g.stride() != dst.stride() for g in present)):
+        return None
+    views = [memory_flat_array(g) for g in present]
+    return None if any(v is None for v in views) else views
+
+
 def _native_sum(dsts: list, pieces: list) -> float | None:
     """fastrl_ext._optim over every parameter: the pieces summed into dsts and the sum of the
     squares of everything written; None (nothing written) when some tensor does not suit it."""
@@ -40,11 +55,8 @@ def _native_sum(dsts: list, pieces: list) -> float | None:
         return None
     jobs = []
     for dst, present in zip(dsts, pieces):
-        if (dst.dtype != torch.float32 or dst.device.type != "cpu" or len(present) > 8
-                or any(g.dtype != torch.bfloat16 or g.stride() != dst.stride() for g in present)):
-            return None
-        flat_dst, flat_pieces = memory_flat_array(dst), [memory_flat_array(g) for g in present]
-        if flat_dst is None or any(g is None for g in flat_pieces):
+        flat_dst, flat_pieces = memory_flat_array(dst), _piece_views(dst, present)
+        if flat_dst is None or flat_pieces is None:
             return None
         jobs.append((flat_dst, flat_pieces))
     return sum(_optim.sum_pieces(dst, flat_pieces) for dst, flat_pieces in jobs)
@@ -104,6 +116,29 @@ class Bf16WorkingCopy:
         if self.weight_grads is not None:
             return self.weight_grads.gradients(loss, self.params)
         return torch.autograd.grad(loss, self.params, allow_unused=True)
+
+    def gradient_pieces(self, pieces: list) -> tuple[float, list] | None:
+        """`pieces` (one tuple per piece, as `gradients` returns) left where they are for Adam to sum as it
+        steps (Adam.step's `grad_pieces`): (the sum of the squares of their per-parameter sums, one list of
+        flat int16 views per master parameter, None for one no piece reached). The sum of squares is
+        set_master_grads' to the bit; nothing is written. None where fastrl_ext._optim cannot take them
+        (or `native` is off): set_master_grads then."""
+        if not self.native or _optim is None:
+            return None
+        views, sum_sq = [], 0.0
+        for i, p in enumerate(self.master_params):
+            present = [grads[i] for grads in pieces if grads[i] is not None]
+            if not present:
+                views.append(None)
+                continue
+            flat = _piece_views(p, present)
+            if flat is None:
+                return None
+            views.append(flat)
+        for flat in views:
+            if flat is not None:
+                sum_sq += _optim.sum_pieces(None, flat)
+        return sum_sq, views
 
     @torch.no_grad()
     def set_master_grads(self, pieces: list) -> float | None:

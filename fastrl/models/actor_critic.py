@@ -12,12 +12,13 @@ from fastrl.config.hardware import resolve_first_conv, resolve_precision
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models.activations import Tanh
+from fastrl.models.conv_relu import conv_relu, fuses
 from fastrl.models.frames import UINT8_SCALE, frames_to_input
 from fastrl.models import native_mlp
 from fastrl.models.linear import WeightLeftLinear
 from fastrl.models.normalizer import ObsNormalizer
 from fastrl.models.numpy_policy import MASKED_LOGIT
-from fastrl.models.space_to_depth import SpaceToDepthConv2d, tiles
+from fastrl.models.space_to_depth import SpaceToDepthConv2d, conv_weight_and_stride, tiles
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -70,8 +71,26 @@ class NatureCNN(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         # the frames become the dtype and memory order the first conv wants, scaled, in one pass
         channels_last = self.input_block > 1 or self.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
-        return self.fc(self.convs(frames_to_input(self.as_nchw(obs), self.input_dtype, channels_last,
-                                                  self.input_scale, self.input_block)))
+        x = frames_to_input(self.as_nchw(obs), self.input_dtype, channels_last, self.input_scale, self.input_block)
+        return self.fc(self._conv_stack(x))
+
+    def _conv_stack(self, x: torch.Tensor) -> torch.Tensor:
+        """self.convs on x; without autograd each conv and the ReLU after it as one oneDNN call where that
+        applies (fastrl.models.conv_relu: the same outputs, one pass over each layer's output fewer)."""
+        layers = self.convs
+        if torch.is_grad_enabled() or not fuses(x, layers[0].weight, layers[0].bias):
+            return layers(x)
+        i = 0
+        while i < len(layers):
+            layer = layers[i]
+            if isinstance(layer, nn.Conv2d) and i + 1 < len(layers) and type(layers[i + 1]) is nn.ReLU:
+                weight, stride = conv_weight_and_stride(layer, layer.weight)
+                x = conv_relu(x, weight, layer.bias, stride, layer.padding, layer.dilation, layer.groups)
+                i += 2
+            else:
+                x = layer(x)
+                i += 1
+        return x
 
 
 class ActorCritic(nn.Module):

@@ -1,0 +1,123 @@
+"""A conv and its ReLU in one oneDNN call (fastrl.models.conv_relu): the same outputs as the plain conv and
+ReLU, bit for bit, in every dtype, memory order and shape the Nature CNN runs (the space-to-depth first
+conv's tiles included); used by the CNN's forward without autograd and by the learner's split backward,
+never under autocast or with autograd through it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastrl.models.actor_critic as actor_critic
+import fastrl.models.conv_relu as conv_relu_module
+from fastrl.algo.split_backward import WeightGradThread, wrap_cnn_layers
+from fastrl.algo.shards import ran_here
+from fastrl.config.schema import ModelConfig
+from fastrl.models import seeded_model
+from fastrl.models.conv_relu import conv_relu, fuses
+from fastrl.models.space_to_depth import SpaceToDepthConv2d, conv_weight_and_stride
+from helpers import TINY_FRAMES
+
+pytestmark = pytest.mark.skipif(not conv_relu_module._fused_agrees(),
+                                reason="torch's oneDNN fused conv op is missing or disagrees here")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("shape,out_channels,kernel,stride,padding", [
+    ((5, 4, 84, 84), 32, 8, 4, 0),   # Pong's first conv
+    ((5, 32, 20, 20), 64, 4, 2, 0),  # its second
+    ((3, 64, 9, 9), 64, 3, 1, 1),    # a padded one
+])
+def test_the_fused_call_is_the_conv_and_relu_bit_for_bit(dtype, channels_last, shape, out_channels, kernel, stride,
+                                                         padding):
+    gen = torch.Generator().manual_seed(sum(shape) + kernel)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(shape, generator=gen).to(dtype).contiguous(memory_format=memory_format)
+    w = (torch.randn(out_channels, shape[1], kernel, kernel, generator=gen) * 0.1).to(dtype).contiguous(
+        memory_format=memory_format)
+    b = torch.randn(out_channels, generator=gen).to(dtype)
+    assert fuses(x, w)
+    with torch.no_grad():
+        fused = conv_relu(x, w, b, (stride, stride), (padding, padding), (1, 1), 1)
+        plain = F.relu(F.conv2d(x, w, b, stride, padding))
+    assert torch.equal(fused, plain) and fused.dtype == dtype
+    assert (fused == 0).any() and (fused > 0).any()  # the ReLU cut some and kept some
+    assert fused.is_contiguous(memory_format=memory_format)
+
+
+def test_the_space_to_depth_tiles_fuse_too():
+    conv = SpaceToDepthConv2d(4, 32, 8, 4).to(torch.bfloat16).to(memory_format=torch.channels_last)
+    tiled = torch.rand(3, 64, 21, 21).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    weight, stride = conv_weight_and_stride(conv, conv.weight)
+    with torch.no_grad():
+        assert torch.equal(conv_relu(tiled, weight, conv.bias, stride, conv.padding, conv.dilation, 1),
+                           F.relu(conv(tiled)))
+
+
+def test_it_is_never_fused_where_autocast_would_cast_or_dtypes_differ():
+    x, w = torch.rand(1, 4, 9, 9), torch.rand(8, 4, 3, 3)
+    assert fuses(x, w)
+    assert not fuses(x, w.to(torch.bfloat16))  # mixed dtypes: the plain conv's rules
+    assert not fuses(x, w, torch.zeros(8, dtype=torch.bfloat16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not fuses(x, w)  # autocast casts inside F.conv2d; the fused op would run fp32
+        # a bf16 network under its own autocast: nothing to cast, so the fused op runs what F.conv2d would
+        assert fuses(x.to(torch.bfloat16), w.to(torch.bfloat16), torch.zeros(8, dtype=torch.bfloat16))
+
+
+def _counting(monkeypatch):
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return conv_relu(*args)
+    monkeypatch.setattr(actor_critic, "conv_relu", counted)
+    return calls
+
+
+@pytest.mark.parametrize("precision,first_conv", [("bf16", "space_to_depth"), ("bf16", "strided"), ("fp32", "strided")])
+def test_the_cnn_fuses_without_autograd_and_gives_the_unfused_outputs(monkeypatch, precision, first_conv):
+    model = seeded_model(TINY_FRAMES, ModelConfig(encoder="nature_cnn", precision=precision, first_conv=first_conv),
+                         seed=2).for_inference()
+    obs = torch.randint(0, 256, (6, *TINY_FRAMES.obs_shape), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(1))
+    calls = _counting(monkeypatch)
+    with torch.inference_mode():
+        fused = model(obs)
+    encoders = [e for e in (model.actor_encoder, model.critic_encoder) if e is not None]
+    assert len(encoders) == 2 and len(calls) == 3 * len(encoders)  # each encoder's three convs, with their ReLUs
+    monkeypatch.setattr(conv_relu_module, "_checked", False)  # as where the op is missing
+    calls.clear()
+    with torch.inference_mode():
+        plain = model(obs)
+    assert calls == []
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
+
+
+def test_with_autograd_the_cnn_runs_its_layers_unfused(monkeypatch):
+    model = seeded_model(TINY_FRAMES, ModelConfig(encoder="nature_cnn", precision="bf16"), seed=2)
+    calls = _counting(monkeypatch)
+    params, _ = model(torch.zeros((2, *TINY_FRAMES.obs_shape), dtype=torch.uint8))
+    assert calls == [] and params.requires_grad
+
+
+def test_the_learners_wrapped_convs_take_their_relu_in_with_and_without_autograd():
+    model = seeded_model(TINY_FRAMES, ModelConfig(encoder="nature_cnn", precision="bf16"), seed=4)
+    model.hold_layer_weights_in_bf16()
+    model.to(memory_format=torch.channels_last)
+    reference = seeded_model(TINY_FRAMES, ModelConfig(encoder="nature_cnn", precision="bf16"), seed=4)
+    reference.hold_layer_weights_in_bf16()
+    reference.to(memory_format=torch.channels_last)
+    assert wrap_cnn_layers(model, WeightGradThread(ran_here)) == 8  # actor and critic: 3 convs and a hidden layer
+    for encoder in (model.actor_encoder, model.critic_encoder):
+        assert [type(m).__name__ for m in encoder.convs] == ["WeightGradLater", "Identity"] * 3 + ["Flatten"]
+        assert all(m.relu for m in encoder.convs[:6:2])
+        assert not encoder.fc[0].relu and type(encoder.fc[1]) is torch.nn.ReLU
+    obs = torch.randint(0, 256, (4, *TINY_FRAMES.obs_shape), dtype=torch.uint8)
+    with torch.no_grad():
+        for a, b in zip(model(obs), reference(obs)):
+            assert torch.equal(a, b)
+    # with autograd: the outputs here, the gradients in tests/test_split_backward.py, both autograd's bit for bit
+    for a, b in zip(model(obs), reference(obs)):
+        assert torch.equal(a, b) and a.requires_grad

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import fastrl.models.conv_relu as conv_relu_module
 from fastrl.bench.measure import alternated_learner_cpu_ms, alternated_us_per_call, microbench_main
-from fastrl.bench.report import learner_ab_lines
+from fastrl.bench.report import learner_ab_lines, learner_setup
 from fastrl.models.conv_relu import conv_relu
 from fastrl_ext import _frames
 
@@ -103,9 +103,7 @@ def learner_ab(config: str, rounds: int, seconds: float) -> None:
         spent = alternated_learner_cpu_ms(learners, rounds, seconds, clock=time.process_time)
     finally:
         _fused(True)
-    threads = (f"{cfg.model.precision}, {cfg.system.learner_shards} shard(s) of {cfg.system.learner_threads} "
-               f"thread(s), split {trainer.split}")
-    print("\n".join(learner_ab_lines(config, _frames.ISA, spent, "unfused", "fused", threads)))
+    print("\n".join(learner_ab_lines(config, _frames.ISA, spent, "unfused", "fused", learner_setup(cfg, trainer))))
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from fastrl.algo.adam import Adam
 from fastrl.algo.bf16_copy import Bf16WorkingCopy
 from fastrl.algo.grad_clip import clip_grad_norm, clip_scale_of
 from fastrl.bench.measure import alternated_learner_cpu_ms
-from fastrl.bench.report import learner_ab_lines
+from fastrl.bench.report import learner_ab_lines, learner_setup
 from fastrl.config import load_config
 from fastrl.config.hardware import resolve_auto, with_precision
 from fastrl.envs import resolve_env
@@ -159,8 +159,7 @@ def pieces_ab(config: str, cfg, spec, rounds: int, seconds: float) -> None:
                 after: (trainer, batch, lambda: setattr(trainer, "step_on_pieces", True))}
     # the process's CPU: the learner's shards run on two threads
     spent = alternated_learner_cpu_ms(learners, rounds, seconds, clock=time.process_time)
-    threads = f"{cfg.system.learner_shards} shard(s) ({cfg.system.learner_split})"
-    print("\n".join(learner_ab_lines(config, _optim.ISA, spent, before, after, threads)))
+    print("\n".join(learner_ab_lines(config, _optim.ISA, spent, before, after, learner_setup(cfg, trainer))))
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from fastrl.bench.measure import alternated_learner_cpu_ms, alternated_us_per_call, microbench_main
-from fastrl.bench.report import learner_ab_lines
+from fastrl.bench.report import learner_ab_lines, learner_setup
 from fastrl.models.space_to_depth import SpaceToDepthConv2d, conv_weight_and_stride
 from fastrl_ext import _frames
 
@@ -70,9 +70,8 @@ def learner_ab(config: str, rounds: int, seconds: float) -> None:
         cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, first_conv=first_conv))
         learners[first_conv] = (*learner_on_synthetic_batch(cfg, spec), None)
     spent = alternated_learner_cpu_ms(learners, rounds, seconds, clock=time.process_time)
-    threads = (f"{base.model.precision}, {base.system.learner_shards} shard(s) of {base.system.learner_threads} "
-               f"thread(s), split {learners['strided'][0].split}")
-    print("\n".join(learner_ab_lines(config, _frames.ISA, spent, "strided", "space_to_depth", threads)))
+    print("\n".join(learner_ab_lines(config, _frames.ISA, spent, "strided", "space_to_depth",
+                                      learner_setup(base, learners["strided"][0]))))
 
 
 def main() -> None:

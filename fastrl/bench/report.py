@@ -260,6 +260,12 @@ class Progress:
         self.stream.flush()
 
 
+def learner_setup(cfg, trainer) -> str:
+    """How a preset's learner runs, for a learner A/B's first line: its precision, shards and split."""
+    return (f"{cfg.model.precision}, {cfg.system.learner_shards} shard(s) of {cfg.system.learner_threads} "
+            f"thread(s), split {trainer.split}")
+
+
 def learner_ab_lines(config: str, isa: str, spent: dict[str, list[float]], before: str, after: str,
                      threads: str = "1 thread") -> list[str]:
     """What a microbenchmark's learner A/B (fastrl.bench.measure.alternated_learner_cpu_ms) prints: the

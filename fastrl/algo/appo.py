@@ -189,7 +189,8 @@ class APPOTrainer:
                          normalize_adv, native=cfg.native_loss)
 
     def _loss_and_gradient(self, mb: dict, minibatch_loss) -> LossOutput:
-        """The minibatch's loss, with its gradient in the parameters' .grad (zeroed first)."""
+        """The minibatch's loss, with its gradient in the parameters' .grad (zeroed first), or, for a bf16
+        working copy whose Adam steps on the pieces, in `grad_pieces` (see _take_gradient)."""
         self.optimizer.zero_grad(set_to_none=True)
         self.grad_sum_sq = self.grad_pieces = None
         if self.bf16_copy is not None:
@@ -218,7 +219,8 @@ class APPOTrainer:
 
     def _sharded_sample_backward(self, mb: dict) -> LossOutput:
         """The sample minibatch's loss and gradient as `pool.shards` pieces on as many threads; the
-        gradient lands in the parameters' .grad, as `loss.backward()` would leave it.
+        gradient lands in the parameters' .grad, as `loss.backward()` would leave it (or, for a bf16
+        working copy, where _take_gradient leaves it).
 
         Piece k's loss is its mean over its valid samples, weighted by its share of the minibatch's
         valid samples: the weighted sum is the whole minibatch's mean, and so is its gradient.

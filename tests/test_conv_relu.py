@@ -65,6 +65,27 @@ def test_it_is_never_fused_where_autocast_would_cast_or_dtypes_differ():
         assert fuses(x.to(torch.bfloat16), w.to(torch.bfloat16), torch.zeros(8, dtype=torch.bfloat16))
 
 
+def test_the_first_check_agrees_inside_a_bf16_networks_autocast(monkeypatch):
+    """Where a run first asks: inside the bf16 network's own autocast (an inference worker's first forward, the
+    learner's first minibatch), which must not turn the check's float32 case into a bf16 conv."""
+    monkeypatch.setattr(conv_relu_module, "_checked", None)
+    x, w = torch.rand(1, 4, 9, 9, dtype=torch.bfloat16), torch.rand(8, 4, 3, 3, dtype=torch.bfloat16)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fuses(x, w)
+    assert conv_relu_module._checked is True
+
+
+def test_a_fresh_bf16_network_fuses_from_its_first_forward(monkeypatch):
+    model = seeded_model(TINY_FRAMES, ModelConfig(encoder="nature_cnn", precision="bf16"), seed=2).for_inference()
+    monkeypatch.setattr(conv_relu_module, "_checked", None)  # as in a new process
+    calls = []
+    original = torch.ops.mkldnn._convolution_pointwise
+    monkeypatch.setattr(conv_relu_module, "_fused_op", lambda *args: calls.append(1) or original(*args))
+    with torch.inference_mode():
+        model(torch.zeros((2, *TINY_FRAMES.obs_shape), dtype=torch.uint8))
+    assert len(calls) == 6  # the fused op ran for each encoder's three convs
+
+
 def _counting(monkeypatch):
     calls = []
 

@@ -23,14 +23,16 @@ _checked: bool | None = None  # whether the fused op exists and agreed with the 
 
 def _fused_agrees() -> bool:
     """Whether the fused op exists here and gives the plain conv and ReLU's outputs bit for bit, on a
-    small channels-last bf16 case and a contiguous float32 one (checked once per process)."""
+    small channels-last bf16 case and a contiguous float32 one (checked once per process). The first
+    call usually comes inside a bf16 network's forward: the check turns its autocast off, which would
+    otherwise run the plain float32 conv in bf16 and fail it."""
     global _checked
     if _checked is None:
         _checked = False
         if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise"):
             gen = torch.Generator().manual_seed(0)
             try:
-                with torch.no_grad():
+                with torch.no_grad(), torch.autocast("cpu", enabled=False):
                     for dtype, memory_format in ((torch.bfloat16, torch.channels_last),
                                                  (torch.float32, torch.contiguous_format)):
                         x = torch.randn(2, 8, 9, 9, generator=gen).to(dtype).contiguous(memory_format=memory_format)
@@ -63,5 +65,9 @@ def conv_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     callers run it under no_grad or inside an autograd.Function of their own."""
     if isinstance(padding, str) or not fuses(x, weight, bias):
         return F.relu(F.conv2d(x, weight, bias, stride, padding, dilation, groups))
-    return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, list(padding), list(stride), list(dilation),
-                                                   groups, "relu", [], "")
+    return _fused_op(x, weight, bias, list(padding), list(stride), list(dilation), groups, "relu", [], "")
+
+
+def _fused_op(*args) -> torch.Tensor:
+    """The fused op itself (one name for tests to count its calls by)."""
+    return torch.ops.mkldnn._convolution_pointwise(*args)

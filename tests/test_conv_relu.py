@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import fastrl.models.actor_critic as actor_critic
 import fastrl.models.conv_relu as conv_relu_module
 from fastrl.algo.split_backward import WeightGradThread, wrap_cnn_layers
 from fastrl.algo.shards import ran_here
@@ -92,7 +91,7 @@ def _counting(monkeypatch):
     def counted(*args):
         calls.append(args[0].shape)
         return conv_relu(*args)
-    monkeypatch.setattr(actor_critic, "conv_relu", counted)
+    monkeypatch.setattr(conv_relu_module, "conv_relu", counted)  # what conv_layer_relu calls
     return calls
 
 

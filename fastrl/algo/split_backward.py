@@ -28,7 +28,7 @@ from torch import nn
 
 from fastrl.algo.shards import ran_here
 from fastrl.models.actor_critic import NatureCNN
-from fastrl.models.conv_relu import conv_relu
+from fastrl.models.conv_relu import conv_layer_relu, conv_relu, relu_follows
 from fastrl.models.linear import linear
 from fastrl.models.space_to_depth import conv_weight_and_stride, parameter_grad
 
@@ -155,10 +155,7 @@ class WeightGradLater(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = self.layer
         if not torch.is_grad_enabled():
-            if not self.relu:
-                return layer(x)
-            weight, stride = conv_weight_and_stride(layer, layer.weight)
-            return conv_relu(x, weight, layer.bias, stride, layer.padding, layer.dilation, layer.groups)
+            return conv_layer_relu(layer, x) if self.relu else layer(x)
         bias = None if layer.bias is None else layer.bias.detach()
         if self._fn is _ConvWeightGradLater:
             return self._fn.apply(x, self._thread.anchor, layer.weight.detach(), bias, layer, self._thread, self.relu)
@@ -174,7 +171,7 @@ def wrap_cnn_layers(model: nn.Module, thread: WeightGradThread) -> int:
         for seq in (encoder.convs, encoder.fc):
             for i, layer in enumerate(seq):
                 if isinstance(layer, (nn.Conv2d, nn.Linear)):
-                    relu = isinstance(layer, nn.Conv2d) and i + 1 < len(seq) and type(seq[i + 1]) is nn.ReLU
+                    relu = relu_follows(seq, i)
                     seq[i] = WeightGradLater(layer, thread, relu)
                     if relu:
                         seq[i + 1] = nn.Identity()

@@ -12,13 +12,13 @@ from fastrl.config.hardware import resolve_first_conv, resolve_precision
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models.activations import Tanh
-from fastrl.models.conv_relu import conv_relu, fuses
+from fastrl.models.conv_relu import conv_layer_relu, fuses, relu_follows
 from fastrl.models.frames import UINT8_SCALE, frames_to_input
 from fastrl.models import native_mlp
 from fastrl.models.linear import WeightLeftLinear
 from fastrl.models.normalizer import ObsNormalizer
 from fastrl.models.numpy_policy import MASKED_LOGIT
-from fastrl.models.space_to_depth import SpaceToDepthConv2d, conv_weight_and_stride, tiles
+from fastrl.models.space_to_depth import SpaceToDepthConv2d, tiles
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -83,9 +83,8 @@ class NatureCNN(nn.Module):
         i = 0
         while i < len(layers):
             layer = layers[i]
-            if isinstance(layer, nn.Conv2d) and i + 1 < len(layers) and type(layers[i + 1]) is nn.ReLU:
-                weight, stride = conv_weight_and_stride(layer, layer.weight)
-                x = conv_relu(x, weight, layer.bias, stride, layer.padding, layer.dilation, layer.groups)
+            if relu_follows(layers, i):
+                x = conv_layer_relu(layer, x)
                 i += 2
             else:
                 x = layer(x)

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from fastrl.models.space_to_depth import conv_weight_and_stride
 
 _checked: bool | None = None  # whether the fused op exists and agreed with the plain pair
 
@@ -71,3 +74,14 @@ def conv_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
 def _fused_op(*args) -> torch.Tensor:
     """The fused op itself (one name for tests to count its calls by)."""
     return torch.ops.mkldnn._convolution_pointwise(*args)
+
+
+def relu_follows(layers: nn.Sequential, i: int) -> bool:
+    """Whether layers[i] is a conv that a ReLU follows: the pair one call can run."""
+    return isinstance(layers[i], nn.Conv2d) and i + 1 < len(layers) and type(layers[i + 1]) is nn.ReLU
+
+
+def conv_layer_relu(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """relu(conv(x)) for a conv module (a space-to-depth one on its tiles), through `conv_relu`."""
+    weight, stride = conv_weight_and_stride(conv, conv.weight)
+    return conv_relu(x, weight, conv.bias, stride, conv.padding, conv.dilation, conv.groups)

@@ -23,7 +23,9 @@ logits straight into the slot cells (tests/test_categorical_draw.py). `system.na
 
 `_activations`: tanh and its gradient for the learner's MLPs, vectorised for AVX-512 and AVX2 (torch's
 CPU tanh is scalar, numpy's vectorised only on AVX-512); `torch.tanh` is the reference
-(tests/test_activations.py). Used by `fastrl.models.activations` for large float32 CPU tensors.
+(tests/test_activations.py). Used by `fastrl.models.activations` for large float32 CPU tensors. And the
+ReLU's gradient on bf16 or float32 bits, torch's `threshold_backward` the reference (same tests), for the
+CNN's conv ReLUs in the learner's split backward (`fastrl.models.conv_relu.relu_backward`).
 
 `_rollout`: a rollout worker's env steps between two slot boundaries in one call, from `_record`'s
 arithmetic and `_acting`'s kernel (through its capsule); `fastrl.workers.rollout.RolloutWorker.pump` is

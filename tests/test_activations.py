@@ -1,6 +1,7 @@
 """fastrl.models.activations.tanh against torch.tanh: values and gradients, on both sides of
 the sizes where it switches to fastrl_ext (float32) or numpy (float64), every compiled variant of
-fastrl_ext's kernel, and the cases it must leave to torch."""
+fastrl_ext's kernel, and the cases it must leave to torch. And fastrl_ext's ReLU gradient
+(`_activations.relu_backward`, fastrl.models.conv_relu's) against torch's threshold_backward."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 import fastrl.models.activations as activations
 from fastrl.models.activations import MIN_NUMEL_GRAD, MIN_NUMEL_NO_GRAD, Tanh, _Tanh, tanh
+from fastrl.workers.process import flush_denormals
 
 needs_native = pytest.mark.skipif(activations._native is None, reason="fastrl_ext not built")
 
@@ -121,3 +123,56 @@ def test_under_inference_mode_and_bf16_autocast():
 
 def test_module_has_no_state():
     assert Tanh().state_dict() == {}
+
+
+# every value class a ReLU's gradient must tell apart: zeros of both signs, normals, denormals (for bf16 and
+# float32 alike), infinities and NaNs of both signs; threshold_backward passes the gradient where y > 0 or y is NaN
+RELU_SPECIALS = [0.0, -0.0, 1.0, -1.0, 3e-39, -3e-39, 1e-44, -1e-44, float("inf"), -float("inf"),
+                 float("nan"), -float("nan"), 1e38, -1e38]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n", [1, 17, 63, 4099])  # the vector loops' tails
+@pytest.mark.parametrize("flush", [False, True])
+def test_relu_backward_kernel_bits_match_torch(dtype, n, flush):
+    # under flush_denormals (DAZ, every learner's setting) torch's compare reads a denormal y as 0: no gradient
+    gen = torch.Generator().manual_seed(n)
+    specials = torch.tensor(RELU_SPECIALS)
+
+    def values() -> torch.Tensor:
+        return torch.where(torch.rand(n, generator=gen) < 0.5, torch.randn(n, generator=gen) * 10,
+                           specials[torch.randint(len(RELU_SPECIALS), (n,), generator=gen)]).to(dtype)
+
+    y, grad = values(), values()
+    native_view = torch.int16 if dtype == torch.bfloat16 else torch.float32  # what the kernel reads
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32  # compared, so that -0.0, denormals and NaNs count
+    was = flush_denormals(flush)
+    try:
+        expected = torch.ops.aten.threshold_backward(grad, y, 0)
+        out = torch.empty_like(grad)
+        activations._native.relu_backward(*(t.view(native_view).numpy() for t in (grad, y, out)))
+        assert torch.equal(out.view(bits), expected.view(bits))
+        activations._native.relu_backward(*(t.view(native_view).numpy() for t in (grad, y, grad)))
+        assert torch.equal(grad.view(bits), expected.view(bits))  # out may be the gradient itself
+    finally:
+        flush_denormals(was)
+
+
+@needs_native
+def test_relu_backward_kernel_rejects_what_it_cannot_read():
+    native, h, f = activations._native, np.int16, np.float32
+    with pytest.raises(TypeError, match="y must be int16 .bf16 bits. or float32"):
+        native.relu_backward(np.zeros(4, f), np.zeros(4), np.zeros(4, f))
+    with pytest.raises(ValueError, match="out must have grad's dtype and element count"):
+        native.relu_backward(np.zeros(4, h), np.zeros(4, h), np.zeros(4, f))
+    with pytest.raises(ValueError, match="y must have grad's dtype and element count"):
+        native.relu_backward(np.zeros(4, h), np.zeros(3, h), np.zeros(4, h))
+    with pytest.raises(TypeError, match="y must be a C-contiguous buffer"):
+        native.relu_backward(np.zeros(4, f), np.zeros(8, f)[::2], np.zeros(4, f))
+    frozen = np.zeros(4, f)
+    frozen.setflags(write=False)
+    with pytest.raises(TypeError, match="out must be a C-contiguous writable buffer"):
+        native.relu_backward(np.zeros(4, f), np.zeros(4, f), frozen)
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        native.relu_backward(np.zeros(4, f), np.zeros(4, f))

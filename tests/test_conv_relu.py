@@ -12,7 +12,7 @@ from fastrl.algo.split_backward import WeightGradThread, wrap_cnn_layers
 from fastrl.algo.shards import ran_here
 from fastrl.config.schema import ModelConfig
 from fastrl.models import seeded_model
-from fastrl.models.conv_relu import conv_relu, fuses
+from fastrl.models.conv_relu import conv_relu, fuses, relu_backward
 from fastrl.models.space_to_depth import SpaceToDepthConv2d, conv_weight_and_stride
 from helpers import TINY_FRAMES
 
@@ -141,3 +141,60 @@ def test_the_learners_wrapped_convs_take_their_relu_in_with_and_without_autograd
     # with autograd: the outputs here, the gradients in tests/test_split_backward.py, both autograd's bit for bit
     for a, b in zip(model(obs), reference(obs)):
         assert torch.equal(a, b) and a.requires_grad
+
+
+class _NativeCalls:
+    """fastrl_ext's relu_backward, counting its calls."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, 0
+
+    def relu_backward(self, grad, y, out):
+        self.calls += 1
+        self.real.relu_backward(grad, y, out)
+
+
+CL, NCHW = torch.channels_last, torch.contiguous_format
+
+
+@pytest.mark.skipif(conv_relu_module._native is None, reason="fastrl_ext not built")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("y_layout,grad_layout,hw", [
+    (CL, CL, (7, 5)), (NCHW, NCHW, (7, 5)),
+    (CL, NCHW, (7, 5)),  # the third conv's: its gradient comes back through the flatten, in NCHW order
+    (NCHW, CL, (7, 5)),
+    (CL, NCHW, (1, 1)),  # 1x1 images: both orders at once
+])
+def test_the_relus_gradient_is_threshold_backwards_bit_for_bit_through_fastrl_ext(monkeypatch, dtype, y_layout,
+                                                                                  grad_layout, hw):
+    native = _NativeCalls(conv_relu_module._native)
+    monkeypatch.setattr(conv_relu_module, "_native", native)
+    gen = torch.Generator().manual_seed(5)
+    y = F.relu(torch.randn(3, 16, *hw, generator=gen)).to(dtype).contiguous(memory_format=y_layout)
+    y[0, :5, 0, 0] = torch.tensor([float("nan"), -0.0, 0.0, float("inf"), 1e-30])
+    grad = torch.randn(3, 16, *hw, generator=gen).to(dtype).contiguous(memory_format=grad_layout)
+    before = grad.clone()
+    ours = relu_backward(grad, y)
+    assert native.calls == 1
+    expected = torch.ops.aten.threshold_backward(grad, y, 0)
+    assert torch.equal(ours, expected) and ours.stride() == expected.stride()  # torch's result takes y's layout
+    assert torch.equal(grad, before)  # not written
+
+
+@pytest.mark.parametrize("case", ["not dense", "float16", "shapes differ", "switched off"])
+def test_the_relus_gradient_falls_back_to_torch_where_the_kernel_cannot_read_it(monkeypatch, case):
+    native = _NativeCalls(conv_relu_module._native)
+    monkeypatch.setattr(conv_relu_module, "_native", native)
+    gen = torch.Generator().manual_seed(6)
+    y = F.relu(torch.randn(2, 8, 6, 6, generator=gen)).bfloat16().contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(2, 8, 6, 6, generator=gen).bfloat16().contiguous(memory_format=torch.channels_last)
+    if case == "not dense":
+        y, grad = y[:, :, ::2], grad[:, :, ::2]
+    elif case == "float16":
+        y, grad = y.half(), grad.half()
+    elif case == "shapes differ":  # threshold_backward broadcasts
+        y = y[:1]
+    else:
+        monkeypatch.setattr(conv_relu_module, "native_relu_backward", False)
+    assert torch.equal(relu_backward(grad, y), torch.ops.aten.threshold_backward(grad, y, 0))
+    assert native.calls == 0

@@ -3,10 +3,12 @@ bit for bit, errors on that thread surface, and system.learner_split resolves an
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import fastrl.models.conv_relu as conv_relu_module
 from fastrl.algo.appo import APPOTrainer
 from fastrl.algo.split_backward import WeightGradLater, WeightGradThread
 from fastrl.bench.components import synthetic_batch
@@ -37,7 +39,12 @@ def _loss(net, obs):
 
 @pytest.mark.parametrize("first_conv", ["strided", "space_to_depth"])
 @pytest.mark.parametrize("rows", [16, 13])
-def test_weight_gradients_on_a_second_thread_are_autograds_bit_for_bit(rows, first_conv):
+def test_weight_gradients_on_a_second_thread_are_autograds_bit_for_bit(monkeypatch, rows, first_conv):
+    native_relu_calls = []
+    if conv_relu_module._native is not None:  # each conv's ReLU gradient goes through fastrl_ext's kernel
+        kernel = conv_relu_module._native.relu_backward
+        monkeypatch.setattr(conv_relu_module, "_native", SimpleNamespace(
+            relu_backward=lambda *args: native_relu_calls.append(1) or kernel(*args)))
     extra = [f"model.first_conv={first_conv}"]
     plain, _ = _trainer(1, "rows", extra)
     split, _ = _trainer(2, "weight_grads", extra)
@@ -47,6 +54,7 @@ def test_weight_gradients_on_a_second_thread_are_autograds_bit_for_bit(rows, fir
     obs = torch.randint(0, 256, (rows, *FRAMES.obs_shape), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     want = plain.bf16_copy.gradients(_loss(plain.net, obs))
     got = split.bf16_copy.gradients(_loss(split.net, obs))
+    assert len(native_relu_calls) == (0 if conv_relu_module._native is None else 3)  # each conv's ReLU
     assert len(got) == len(want) == len(split.bf16_copy.params)
     for g, w, p in zip(got, want, split.bf16_copy.params):
         assert g is not None and g.dtype == p.dtype and g.shape == p.shape

@@ -28,7 +28,7 @@ from torch import nn
 
 from fastrl.algo.shards import ran_here
 from fastrl.models.actor_critic import NatureCNN
-from fastrl.models.conv_relu import conv_layer_relu, conv_relu, relu_follows
+from fastrl.models.conv_relu import conv_layer_relu, conv_relu, relu_backward, relu_follows
 from fastrl.models.linear import linear
 from fastrl.models.space_to_depth import conv_weight_and_stride, parameter_grad
 
@@ -90,8 +90,8 @@ class _ConvWeightGradLater(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight, *relu_out = ctx.saved_tensors
         conv, thread = ctx.conv, ctx.thread
-        if ctx.relu:  # what autograd's ReLU node runs, on the same tensors
-            grad_out = torch.ops.aten.threshold_backward(grad_out, relu_out[0], 0)
+        if ctx.relu:  # what autograd's ReLU node runs (threshold_backward), on the same tensors
+            grad_out = relu_backward(grad_out, relu_out[0])
         layout = (list(ctx.stride), list(conv.padding), list(conv.dilation), False, [0, 0], conv.groups)
         bias_sizes = None if conv.bias is None else [weight.shape[0]]
 

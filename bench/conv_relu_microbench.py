@@ -15,14 +15,11 @@ same code with the fused op turned off, as on a torch without it.
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
 
 import fastrl.models.conv_relu as conv_relu_module
-from fastrl.bench.measure import alternated_learner_cpu_ms, alternated_us_per_call, microbench_main
-from fastrl.bench.report import learner_ab_lines, learner_setup
+from fastrl.bench.measure import alternated_us_per_call, microbench_main, switched_learner_ab
 from fastrl.models.conv_relu import conv_relu
 from fastrl_ext import _frames
 
@@ -89,21 +86,10 @@ def _acting_forward(rounds: int, seconds: float) -> None:
 
 
 def learner_ab(config: str, rounds: int, seconds: float) -> None:
-    # imported here: the conv table needs none of the learner's machinery
-    from fastrl.bench.components import learner_on_synthetic_batch
-    from fastrl.config.hardware import resolve_auto
-    from fastrl.config.loader import load_config
-    from fastrl.envs.spec import resolve_env
-
     _require_fused()
-    cfg = resolve_auto(load_config(config, []))
-    trainer, batch = learner_on_synthetic_batch(cfg, resolve_env(cfg.env))
-    learners = {"unfused": (trainer, batch, lambda: _fused(False)), "fused": (trainer, batch, lambda: _fused(True))}
-    try:
-        spent = alternated_learner_cpu_ms(learners, rounds, seconds, clock=time.process_time)
-    finally:
-        _fused(True)
-    print("\n".join(learner_ab_lines(config, _frames.ISA, spent, "unfused", "fused", learner_setup(cfg, trainer))))
+    # off: as on a torch without the fused op (the module's once-per-process check, set)
+    switched_learner_ab(config, [], lambda trainer: (conv_relu_module, "_checked", {"unfused": False, "fused": True}),
+                        rounds, seconds, _frames.ISA, as_configured=True)
 
 
 def main() -> None:

@@ -307,31 +307,34 @@ def alternated_learner_cpu_ms(learners: dict[str, tuple], rounds: int, seconds: 
 
 
 def switched_learner_ab(config: str, overrides: list[str], choose: Callable, rounds: int, seconds: float,
-                        isa: str) -> None:
+                        isa: str, as_configured: bool = False) -> None:
     """A microbenchmark's learner A/B: the preset's learner (1 thread, `overrides` applied) on `fastrl bench`'s
     synthetic batch, one attribute switched between two values in alternate rounds
     (alternated_learner_cpu_ms), and what it measured printed (fastrl.bench.report.learner_ab_lines).
     `choose(trainer)` returns (owner, attribute name, {label: value} for the before and the after value);
-    the attribute is restored afterwards."""
+    the attribute is restored afterwards. `as_configured`: the preset's own threads, shards and split instead
+    of 1 thread, timed by the process's CPU clock (every thread's)."""
     # imported here: the microbenchmarks alone need none of the learner's machinery
     from fastrl.bench.components import learner_on_synthetic_batch
-    from fastrl.bench.report import learner_ab_lines
+    from fastrl.bench.report import learner_ab_lines, learner_setup
     from fastrl.config.hardware import resolve_auto
     from fastrl.config.loader import load_config
     from fastrl.envs.spec import resolve_env
 
-    cfg = resolve_auto(load_config(config, ["system.learner_threads=1", *overrides]))
+    cfg = resolve_auto(load_config(config, [*([] if as_configured else ["system.learner_threads=1"]), *overrides]))
     trainer, batch = learner_on_synthetic_batch(cfg, resolve_env(cfg.env))
     owner, name, values = choose(trainer)
     original = getattr(owner, name)
     learners = {label: (trainer, batch, lambda value=value: setattr(owner, name, value))
                 for label, value in values.items()}
     try:
-        spent = alternated_learner_cpu_ms(learners, rounds, seconds)
+        spent = alternated_learner_cpu_ms(learners, rounds, seconds,
+                                          clock=time.process_time if as_configured else time.thread_time)
     finally:
         setattr(owner, name, original)
     before, after = values
-    print("\n".join(learner_ab_lines(config, isa, spent, before, after)))
+    threads = learner_setup(cfg, trainer) if as_configured else "1 thread"
+    print("\n".join(learner_ab_lines(config, isa, spent, before, after, threads)))
 
 
 def microbench_main(description: str, microbench: Callable[[int, float], None],

@@ -1,6 +1,7 @@
 """The acting forward with oneDNN-packed weights (fastrl.models.packed_cnn): the eager network's
 outputs (bit for bit in bf16), the weights it packed until it is repacked, eager where it does not
-apply, and an acting worker's forward that repacks after every weights load."""
+apply, and an acting worker's forward that repacks after every weights load. And the direct forward
+(the eager network's calls without its modules): its outputs bit for bit, in bf16 and fp32."""
 
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ from fastrl.config.hardware import cpu_flags
 from fastrl.config.loader import load_config
 from fastrl.config.schema import ModelConfig
 from fastrl.models import ActorCritic
-from fastrl.models.packed_cnn import PackedForward, packed_forward
+from fastrl.models.packed_cnn import PackedForward, direct_forward, packed_forward
 from fastrl.workers.acting import PACK_AFTER_FORWARDS, TorchForward
 from helpers import HALFCHEETAH, PONG
 
@@ -77,6 +78,36 @@ def test_fp32_packed_outputs_match_the_eager_network(first_conv):
 
 
 @needs_bf16_packing
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("first_conv", ["strided", "space_to_depth"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "separate"])
+@pytest.mark.parametrize("batch", [1, 7, 16, 33])
+def test_the_direct_forward_is_the_eager_network_bit_for_bit(precision, shared, batch, first_conv):
+    net = _net(precision, shared, first_conv=first_conv)
+    direct = direct_forward(net, PONG.obs_shape)
+    assert isinstance(direct, PackedForward) and not direct.actor.pack
+    obs = _obs(batch, seed=batch)
+    with torch.inference_mode():
+        for want, got in zip(net(obs), direct(obs)):
+            assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("first_conv", ["strided", "space_to_depth"])
+def test_new_weights_reach_the_direct_forward_its_tiled_first_conv_when_repacked(first_conv):
+    net, other = _net("bf16", seed=0, first_conv=first_conv), _net("bf16", seed=1, first_conv=first_conv)
+    direct = direct_forward(net, PONG.obs_shape)
+    obs = _obs(8)
+    with torch.inference_mode():
+        net.load_state_dict(other.state_dict())
+        want = other(obs)
+        before_repack = direct(obs)
+        direct.repack()
+        after = direct(obs)
+    # the layers' own weights are read at every call; only the first conv's tiles are cut at the repack
+    assert torch.equal(before_repack[0], want[0]) == (first_conv == "strided")
+    assert torch.equal(after[0], want[0]) and torch.equal(after[1], want[1])
+
+
 def test_new_weights_reach_the_packed_layers_only_when_repacked():
     net, other = _net("bf16", seed=0), _net("bf16", seed=1)
     packed = packed_forward(net, PONG.obs_shape, 16)
@@ -92,15 +123,17 @@ def test_new_weights_reach_the_packed_layers_only_when_repacked():
     assert torch.equal(after[0], want[0]) and torch.equal(after[1], want[1])
 
 
-def test_eager_where_packing_does_not_apply():
-    assert packed_forward(ActorCritic(HALFCHEETAH, ModelConfig()).eval(), HALFCHEETAH.obs_shape, 16) is None  # an MLP
+@pytest.mark.parametrize("build", [lambda net: packed_forward(net, PONG.obs_shape, 16),
+                                   lambda net: direct_forward(net, PONG.obs_shape)], ids=["packed", "direct"])
+def test_eager_where_packing_does_not_apply(build):
+    assert build(ActorCritic(HALFCHEETAH, ModelConfig()).eval()) is None  # an MLP
     training = _net("bf16").train()
-    assert packed_forward(training, PONG.obs_shape, 16) is None
+    assert build(training) is None
     # fp32 layers in a bf16 network: the eager forward casts under autocast every call
     autocast_layers = ActorCritic(PONG, ModelConfig(**CNN, precision="bf16")).eval().use_channels_last()
-    assert packed_forward(autocast_layers, PONG.obs_shape, 16) is None
+    assert build(autocast_layers) is None
     plain_layout = ActorCritic(PONG, ModelConfig(**CNN, precision="fp32")).eval()
-    assert packed_forward(plain_layout, PONG.obs_shape, 16) is None
+    assert build(plain_layout) is None
 
 
 @pytest.mark.parametrize("packed_inference", [True, False])
@@ -136,5 +169,9 @@ def test_an_acting_forward_packs_each_version_that_outlasts_a_few_forwards(packe
                 np.testing.assert_array_equal(values, want.numpy())
                 assert forward.packed_current == (packs and (version == 1 or call >= PACK_AFTER_FORWARDS))
         assert ("oneDNN-packed" in forward.kind) == packs
+        # eagerly, it acted through the network's calls without its modules
+        assert forward.direct is not None and "without the modules" in forward.kind
+        if not packs:
+            assert forward._net() is forward.direct
     finally:
         alloc.unlink_all()

@@ -58,7 +58,7 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: StageProgr
     rollout workers with sampler.acting_backend (numpy for small MLPs)."""
     from fastrl.models import ActorCritic
     from fastrl.models.numpy_policy import NumpyPolicy, acting_backend
-    from fastrl.models.packed_cnn import packed_forward
+    from fastrl.models.packed_cnn import direct_forward, packed_forward
     from fastrl.workers.acting import forward_and_draw, native_categorical_draw
 
     torch.set_num_threads(cfg.system.inference_threads)
@@ -78,8 +78,10 @@ def bench_infer(cfg: Config, spec: EnvSpec, seconds: float, progress: StageProgr
     else:
         model.for_inference()  # as a worker acting with torch holds it (bf16 layers; a no-op in fp32)
         # as an acting worker runs it between loads (TorchForward: packed once a version outlasts its first
-        # forwards; this stage loads no new version); eager where packing is off or does not apply
-        net = (packed_forward(model, spec.obs_shape, batch) if cfg.system.packed_inference else None) or model
+        # forwards; this stage loads no new version); where packing is off or does not apply, eager, through
+        # the network's calls without its modules where that applies (direct_forward)
+        net = ((packed_forward(model, spec.obs_shape, batch) if cfg.system.packed_inference else None)
+               or direct_forward(model, spec.obs_shape) or model)
         draw = native_categorical_draw(cfg, spec)  # as TorchForward.act_into draws, where it does
         targets = [(np.empty((batch, *spec.action_cell), np.int32),
                     np.empty(batch, np.float32), np.empty(batch, np.float32))]

@@ -88,6 +88,10 @@ class TorchForward:
         self.packed = None
         self.packed_current = False  # the packed layers hold the loaded version
         self.forwards_on_version = 0
+        # "eagerly" is through the network's own calls without its module overhead where that applies
+        # (a CNN on the CPU: packed_cnn.direct_forward, the same outputs bit for bit), else the network
+        self.direct = None
+        self.direct_checked = False
         self.obs_shape, self.batch_hint = ctx.spec.obs_shape, inference_batch_size(ctx.cfg)
         torch.manual_seed(seed)  # action sampling: reproducible in serial mode
         # categorical actions on the CPU are drawn by fastrl_ext straight into the slot cells (act_into):
@@ -106,14 +110,8 @@ class TorchForward:
             self.layers_cast = True
         if self.device.type == "cpu":
             version = weights.try_load(self.model)  # no staging copy: see SharedWeights.try_load
-            if version is not None and self.pack:
-                if self.packed is None:  # the first load: packed at once, or found not to apply
-                    from fastrl.models.packed_cnn import packed_forward
-
-                    self.packed = packed_forward(self.model, self.obs_shape, self.batch_hint)
-                    self.pack = self.packed_current = self.packed is not None
-                else:
-                    self.packed_current, self.forwards_on_version = False, 0
+            if version is not None:
+                self._loaded()
             return version
         # a GPU takes the block in one host-to-device copy, then casts tensor by tensor on the device
         if self.staging is None:
@@ -123,16 +121,34 @@ class TorchForward:
             weights.load_into(self.model, self.staging.to(self.device))
         return version
 
+    def _loaded(self) -> None:
+        """New weights are in the model's tensors (on the CPU): the direct forward re-cuts what it holds,
+        and a packed one is stale until its repack (at the first load: each built, or found not to apply)."""
+        from fastrl.models.packed_cnn import direct_forward, packed_forward
+
+        if not self.direct_checked:
+            self.direct, self.direct_checked = direct_forward(self.model, self.obs_shape), True
+        elif self.direct is not None:
+            self.direct.repack()
+        if not self.pack:
+            return
+        if self.packed is None:  # the first load: packed at once, or found not to apply
+            self.packed = packed_forward(self.model, self.obs_shape, self.batch_hint)
+            self.pack = self.packed_current = self.packed is not None
+        else:
+            self.packed_current, self.forwards_on_version = False, 0
+
     def _net(self):
-        """The network for this forward: after a load, eager until the version has served
-        PACK_AFTER_FORWARDS forwards, then packed (repacking it first)."""
+        """The network for this forward: after a load, eager (direct where it applies) until the version
+        has served PACK_AFTER_FORWARDS forwards, then packed (repacking it first)."""
         if self.packed_current:
             return self.packed
+        eager = self.direct or self.model
         if not self.pack:  # packing off (the presets) or not applicable: nothing to count
-            return self.model
+            return eager
         self.forwards_on_version += 1
         if self.forwards_on_version <= PACK_AFTER_FORWARDS:
-            return self.model
+            return eager
         self.packed.repack()
         self.packed_current = True
         return self.packed
@@ -140,8 +156,9 @@ class TorchForward:
     @property
     def kind(self) -> str:
         """How the forward runs, for the worker's log."""
+        eager = "torch's calls without the modules" if self.direct is not None else "eager torch"
         return f"{self.device.type}, " + (f"oneDNN-packed weights once a version has served {PACK_AFTER_FORWARDS} "
-                                          "forwards" if self.pack else "eager torch")
+                                          f"forwards ({eager} before)" if self.pack else eager)
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         torch = self.torch

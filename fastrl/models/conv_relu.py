@@ -16,8 +16,8 @@ That backward (`relu_backward`) runs in fastrl_ext (`_activations.relu_backward`
 `threshold_backward` turns each bf16 value into a float to compare and select, and in the learner,
 with the ReLU's output long out of cache, it took 1.3 ms of a Pong optimizer step's ~13.6 on the
 main thread (AMX Xeon, cProfile). The kernel compares the values' bits as integers, the same answer
-for every value, NaNs and signed zeros included: on the first conv's output at batch 64, cold,
-~240 µs instead of ~550 (`python bench/conv_relu_microbench.py`).
+for every value, NaNs and signed zeros included. Batch 64, the output cold (`python
+bench/relu_backward_microbench.py`): the first conv's 298 -> 249 µs, the third's 1,052 -> 176.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     bit and in the same memory layout (`out`'s), by fastrl_ext where it applies (CPU bf16 or float32 tensors of one
     dtype and shape, each contiguous or channels-last), else by torch. A new tensor: `grad` is not written.
     A gradient in the other layout is copied into `out`'s first: the third conv's arrives so from the flatten
-    after it, and torch's own mixed-layout pass took ~910 µs there (64x64x7x7 bf16) against ~150 for both."""
+    after it, where torch's own mixed-layout pass took ~1,050 µs (64x64x7x7 bf16) against ~175 for both."""
     view = _NATIVE_VIEW.get(grad.dtype)
     if (not native_relu_backward or _native is None or view is None or out.dtype != grad.dtype
             or grad.device.type != "cpu" or out.device.type != "cpu" or grad.shape != out.shape):

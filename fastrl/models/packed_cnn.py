@@ -16,8 +16,8 @@ are missing or disagree. Inference only: the learner's weights change every opti
 own calls (each conv with its ReLU in one oneDNN call, fastrl.models.conv_relu; the hidden layer's
 weight-left product, fastrl.models.linear) without its module calls, autocast's dispatch and the
 first conv's weight cut into tiles again at every call. Its outputs are the eager network's bit for
-bit (checked when it is built), and a Pong forward at batch 16 costs ~0.87x the CPU (1 thread, AMX
-Xeon). What it holds is only the tiled first-conv weight, re-cut after each load (`repack`), so the
+bit (checked when it is built), and a Pong forward at batch 16 costs ~0.90x the CPU (1 thread, AMX
+Xeon, `python bench/packed_microbench.py`). What it holds is only the tiled first-conv weight, re-cut after each load (`repack`), so the
 inference workers act through it whatever `system.packed_inference` says (fastrl.workers.acting).
 """
 

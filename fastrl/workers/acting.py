@@ -143,7 +143,7 @@ class TorchForward:
         has served PACK_AFTER_FORWARDS forwards, then packed (repacking it first)."""
         if self.packed_current:
             return self.packed
-        eager = self.direct or self.model
+        eager = self.direct if self.direct is not None else self.model
         if not self.pack:  # packing off (the presets) or not applicable: nothing to count
             return eager
         self.forwards_on_version += 1

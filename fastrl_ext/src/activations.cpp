@@ -12,8 +12,9 @@
 //   relu_backward(grad, y, out): out = 0 where y <= 0, else grad   (torch's threshold_backward(grad, y, 0))
 // Arrays: C-contiguous float32 buffers (numpy views of CPU tensors) of one element count; `out` may
 // be one of the inputs. relu_backward also takes bf16 as its int16 bits: torch's threshold_backward
-// widens each bf16 value to float to compare and select, ~550 us on the Pong learner's first conv output
-// (64x32x20x20, the output cold), this loop of integer compares ~240 (AVX-512 or AVX2, picked as tanh's).
+// widens each bf16 value to float to compare and select: on the Pong learner's third conv output (64x64x7x7,
+// cold, its gradient in the other memory layout) ~1,050 us, where this loop of integer compares with the
+// gradient's relayout takes ~175 (bench/relu_backward_microbench.py; AVX-512 or AVX2, picked as tanh's).
 #include "buffer_view.h"
 #include "isa.h"
 #include "tanh_row.h"

@@ -26,14 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastrl.algo.flat_params import memory_flat_array
 from fastrl.models.space_to_depth import conv_weight_and_stride
 from fastrl_ext import _activations as _native
 
 _checked: bool | None = None  # whether the fused op exists and agreed with the plain pair
 # the ReLU's gradient by fastrl_ext where it applies (False: torch's, for comparisons)
 native_relu_backward = True
-# what fastrl_ext reads each dtype's values as: bf16 through its int16 bits (numpy has no bf16)
-_NATIVE_VIEW = {torch.bfloat16: torch.int16, torch.float32: torch.float32}
 
 
 def _fused_agrees() -> bool:
@@ -102,33 +101,16 @@ def conv_layer_relu(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """The gradient through a ReLU whose output was `out`: `torch.ops.aten.threshold_backward(grad, out, 0)`, bit for
     bit and in the same memory layout (`out`'s), by fastrl_ext where it applies (CPU bf16 or float32 tensors of one
-    dtype and shape, each contiguous or channels-last), else by torch. A new tensor: `grad` is not written.
-    A gradient in the other layout is copied into `out`'s first: the third conv's arrives so from the flatten
-    after it, where torch's own mixed-layout pass took ~1,050 µs (64x64x7x7 bf16) against ~175 for both."""
-    view = _NATIVE_VIEW.get(grad.dtype)
-    if (not native_relu_backward or _native is None or view is None or out.dtype != grad.dtype
-            or grad.device.type != "cpu" or out.device.type != "cpu" or grad.shape != out.shape):
+    dtype and shape, `out` one dense block), else by torch. A new tensor: `grad` is not written.
+    A gradient in another layout is copied into `out`'s first: the third conv's arrives in NCHW order from the
+    flatten after it, where torch's own mixed-layout pass took ~1,050 µs (64x64x7x7 bf16) against ~175 for both."""
+    applies = (native_relu_backward and _native is not None and grad.dtype in (torch.bfloat16, torch.float32)
+               and out.dtype == grad.dtype and grad.shape == out.shape)
+    out_array = memory_flat_array(out) if applies else None
+    if out_array is None:
         return torch.ops.aten.threshold_backward(grad, out, 0)
-    layout, grad_layout = _dense_layout(out), _dense_layout(grad)
-    if layout is None or grad_layout is None:
-        return torch.ops.aten.threshold_backward(grad, out, 0)
-    if grad_layout != layout:
-        grad = grad.contiguous(memory_format=layout)
+    if grad.stride() != out.stride():
+        grad = torch.empty_like(out).copy_(grad)
     result = torch.empty_like(out)  # out's strides, as torch's result has
-    _native.relu_backward(*(_in_memory_order(t, layout).view(view).numpy() for t in (grad, out, result)))
+    _native.relu_backward(memory_flat_array(grad), out_array, memory_flat_array(result))
     return result
-
-
-def _dense_layout(t: torch.Tensor) -> torch.memory_format | None:
-    """The order `t`'s values lie in as one dense block, contiguous or channels-last; None for any other.
-    Contiguous first: where size-1 dims make a tensor both, the two orders put its values alike."""
-    if t.is_contiguous():
-        return torch.contiguous_format
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    return None
-
-
-def _in_memory_order(t: torch.Tensor, layout: torch.memory_format) -> torch.Tensor:
-    """`t`'s values as a 1-D view in the order they lie in memory (`layout`, `_dense_layout`'s)."""
-    return (t.permute(0, 2, 3, 1) if layout == torch.channels_last else t).view(-1)

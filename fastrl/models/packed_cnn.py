@@ -17,8 +17,9 @@ own calls (each conv with its ReLU in one oneDNN call, fastrl.models.conv_relu; 
 weight-left product, fastrl.models.linear) without its module calls, autocast's dispatch and the
 first conv's weight cut into tiles again at every call. Its outputs are the eager network's bit for
 bit (checked when it is built), and a Pong forward at batch 16 costs ~0.90x the CPU (1 thread, AMX
-Xeon, `python bench/packed_microbench.py`). What it holds is only the tiled first-conv weight, re-cut after each load (`repack`), so the
-inference workers act through it whatever `system.packed_inference` says (fastrl.workers.acting).
+Xeon, `python bench/packed_microbench.py`). What it holds is only the tiled first-conv weight, re-cut
+after each load (`repack`), so the inference workers act through it whatever `system.packed_inference`
+says (fastrl.workers.acting).
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def packed_forward(model: ActorCritic, obs_shape: tuple, batch_hint: int) -> Pac
     the weights it computes with (ActorCritic.for_inference), or None where it does not apply: an MLP,
     observation normalisation, another device, mixed layer dtypes, a torch without the ops, or ops
     that disagree with the eager network on a random batch of uint8 frames of `obs_shape` (or an action
-    mask, which only the eager forward applies). `batch_hint`: the batch the hidden layer's packing is tuned for (any batch runs)."""
+    mask, which only the eager forward applies).
+    `batch_hint`: the batch the hidden layer's packing is tuned for (any batch runs)."""
     return _checked_forward(model, obs_shape, batch_hint, pack=True)
 
 

@@ -47,6 +47,9 @@ setup(
         native_module("optim", [*LEARNER_HEADERS, ISA, BF16], optimize="-O3", flags=["-fno-trapping-math", "-fno-math-errno"]),
         # the rollout worker's steps between slot boundaries: record_core.h's arithmetic under the same
         # flag as _record (same bits), and _acting's kernel through its capsule (its own flags)
+        # an Atari frame's area resize and the frame stack, for rollout workers taking envpool's raw frames: no
+        # fused multiply-adds, so that the sums round as OpenCV's do in envpool (bit for bit)
+        native_module("atari_frames", [*LEARNER_HEADERS, ISA], optimize="-O3", flags=["-ffp-contract=off"]),
         native_module("rollout", [*LEARNER_HEADERS, RECORD_CORE, ACTING_API], flags=["-ffp-contract=off"]),
     ],
 )

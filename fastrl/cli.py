@@ -7,6 +7,7 @@ exit code 2. A run that fails after starting exits 1; a finished or interrupted 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -142,6 +143,12 @@ def _load(config_path: str | None, overrides: list[str], saved: dict | None = No
         problem = encoder_problem(cfg.model, spec)
         if problem:
             problems.append(problem)
+        from fastrl.envs.atari_frames import envpool_kwargs
+
+        try:
+            atari_frames = "fastrl" if envpool_kwargs(cfg.env, spec)[1] is not None else "envpool"
+        except ValueError as e:
+            problems.append(str(e))
     if spec is not None and cfg.sampler.acting_backend == "numpy":
         from fastrl.models.numpy_policy import unsupported_reason
 
@@ -158,6 +165,8 @@ def _load(config_path: str | None, overrides: list[str], saved: dict | None = No
         print(f"fastrl: warning: {warning}", file=sys.stderr)
     encoder = resolve_encoder(cfg.model, spec)
     resolved = resolve_auto(cfg, encoder=encoder)
+    # what the rollout workers will do with Atari frames, recorded as such in the saved config
+    resolved = dataclasses.replace(resolved, env=dataclasses.replace(resolved.env, atari_frames=atari_frames))
     if resolved.system.learner_split == "weight_grads":
         blockers = weight_grads_split_blockers(resolved, encoder)
         if blockers:

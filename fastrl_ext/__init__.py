@@ -52,15 +52,19 @@ is the observation normaliser's forward, bit for bit, for `fastrl.algo.native_gr
 `_policy_head`: the categorical or Gaussian policy's log-probabilities and entropies, and their gradients,
 one call each; `ActorCritic.log_prob` and `entropy` through torch's autograd are the reference
 (tests/test_native_gradient.py). Used by `fastrl.algo.native_gradient` (`algo.native_gradient`).
+
+`_atari_frames`: an Atari frame's area-average resize (OpenCV's INTER_AREA, which envpool runs, bit for bit)
+and the frame stack, for rollout workers that take envpool's raw 210x160 frames; envpool's own 84x84 stacks
+are the reference (tests/test_atari_frames.py). Used by `fastrl.envs.atari_frames` (`env.atari_frames`).
 """
 
 try:
-    from fastrl_ext import _acting, _activations, _appo_loss, _frames, _mlp, _optim, _policy_head, _record, _rings, _vtrace
+    from fastrl_ext import _acting, _activations, _atari_frames, _appo_loss, _frames, _mlp, _optim, _policy_head, _record, _rings, _vtrace
     from fastrl_ext import _rollout  # after _acting, whose capsule it imports
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _acting = _activations = _appo_loss = _frames = _mlp = _optim = _policy_head = _record = _rings = _rollout = _vtrace = None
+    _acting = _activations = _atari_frames = _appo_loss = _frames = _mlp = _optim = _policy_head = _record = _rings = _rollout = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_acting", "_activations", "_appo_loss", "_frames", "_mlp", "_optim", "_policy_head", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]
+__all__ = ["_acting", "_activations", "_atari_frames", "_appo_loss", "_frames", "_mlp", "_optim", "_policy_head", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]

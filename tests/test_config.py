@@ -68,6 +68,7 @@ def run_cli(capsys, *args, tmp_path):
     (["--set", "env.kwargs={no_such_arg: 1}"], "could not make env"),
     (["--set", "env.id=no_such_module:Env-v0"], "cannot import module 'no_such_module'"),
     (["--set", "model.encoder=nature_cnn"], "model.encoder=nature_cnn needs image observations of at least 36x36"),
+    (["--set", "env.atari_frames=fastrl"], "env.atari_frames=fastrl: CartPole-v1 is not an envpool Atari env"),
 ])
 def test_bad_input_exits_2_naming_the_problem(capsys, tmp_path, args, expected):
     code, err = run_cli(capsys, "--config", str(ROOT / "configs/cartpole.yaml"), *args, tmp_path=tmp_path)

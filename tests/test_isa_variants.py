@@ -18,6 +18,7 @@ from helpers import ROOT
 # test file, the fastrl_ext module whose pick the cap must reach, the file's tests to run again (pytest -k)
 KERNEL_TESTS = [
     ("test_activations.py", "_activations", "match_torch"),
+    ("test_atari_frames.py", "_atari_frames", "matches_reference or envpools_own"),
     ("test_frames.py", "_frames", "matches_torch or blocks_are_torchs"),
     ("test_native_gradient.py", "_policy_head", "test_policy_head_matches_autograd"),
     ("test_native_mlp.py", "_mlp", "match_torch"),

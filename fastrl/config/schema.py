@@ -29,6 +29,12 @@ class EnvConfig:
         "combination of them (Minesweeper's [10, 10] cells for a row and a column; BinPack, Tetris, FlatPack), act "
         "with one categorical over the combinations so that the mask applies; false draws one categorical per "
         "choice, and the mask, which cannot apply to independent draws, is only an input.")
+    atari_frames: Literal["auto", "fastrl", "envpool"] = opt(
+        "auto", "Who shrinks and stacks envpool Atari frames. fastrl: envpool hands over its raw 210x160 grayscale "
+        "frames and fastrl_ext resizes them (OpenCV's INTER_AREA, as envpool does, bit for bit, in vectors) and "
+        "keeps the stacks in the rollout worker: envpool's scalar resize was ~10% of a Pong sample stage's CPU. "
+        "envpool: envpool does both. auto = fastrl where it can (fastrl_ext built, grayscale, area resize, frames "
+        "shrunk); fastrl where it cannot is an error.")
 
 
 @dataclass

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastrl.config.schema import EnvConfig, SamplerConfig
+from fastrl.envs.atari_frames import FrameStacks, envpool_kwargs
 from fastrl.envs.spec import EnvSpec, gymnasium_with_fastrl_envs
 from fastrl.envs.flatten import DictFlattener, OneHot, flattener_for
 
@@ -52,6 +53,7 @@ def step_from_raw(obs, reward, done, trunc, env_id, score=None, game_over=None) 
 _ACTION_KEYS = ["env_id", "players.env_id", "action"]
 _STATE_KEYS_NEEDED = ("info:env_id", "reward", "done", "trunc")
 _ATARI_KEYS = ("info:lives", "info:reward", "info:terminated")
+_FRAME_KEYS = ("obs", "elapsed_step", "info:lives", "done", "info:env_id")  # FrameStacks.push's inputs, in order
 
 
 class _DirectCalls:
@@ -66,14 +68,27 @@ class _DirectCalls:
 
     A Dict observation comes out of `_recv` as one array per key ("obs:position", ...): `recv_raw`
     then appends their flattening (DictFlattener) to `_recv`'s list and reads it from there, and so does
-    fastrl_ext._rollout, which calls `recv_raw`. A Discrete observation's one-hot (OneHot) is appended alike.
+    fastrl_ext._rollout, which calls `recv_raw`. A Discrete observation's one-hot (OneHot) is appended alike,
+    and so are Atari's frame stacks where fastrl_ext keeps them (FrameStacks, from envpool's raw frames).
     """
 
-    def __init__(self, env, ids: np.ndarray, flatten: DictFlattener | OneHot | None = None):
+    def __init__(self, env, ids: np.ndarray, flatten: DictFlattener | OneHot | None = None,
+                 frames: FrameStacks | None = None):
         """`ids`: every env of the split, in order (each call carries all of them); `flatten`: the
-        split's flattener of a Dict or Discrete observation."""
+        split's flattener of a Dict or Discrete observation; `frames`: its Atari frame stacks."""
         self.send_raw, self.recv_raw = env._send, env._recv
         self.index = {key: i for i, key in enumerate(env._state_keys)}
+        if frames is not None:
+            envpool_recv = env._recv
+            frame_inputs = tuple(self.index[key] for key in _FRAME_KEYS)
+
+            def recv_stacked() -> list:
+                values = envpool_recv()
+                values.append(frames.push(*(values[i] for i in frame_inputs)))
+                return values
+
+            self.recv_raw = recv_stacked
+            self.index["obs"] = len(env._state_keys)  # where recv_stacked puts the stacks
         if flatten is not None:
             envpool_recv, obs_positions = env._recv, tuple(self.index[key] for key in flatten.envpool_keys)
 
@@ -101,9 +116,10 @@ class _DirectCalls:
         self.send_args = [self.ids, self.ids, self.actions]  # envpool reads the actions after `_send` returns
 
     @staticmethod
-    def supported(env, flatten: DictFlattener | OneHot | None = None) -> bool:
+    def supported(env, flatten: DictFlattener | OneHot | None = None, frames: FrameStacks | None = None) -> bool:
         """Whether envpool's private layout is the one this class was written against (1.2.5's), with the
-        observation as one "obs" output or, given `flatten`, as the outputs it names (a Dict's "obs:<key>")."""
+        observation as one "obs" output or, given `flatten`, as the outputs it names (a Dict's "obs:<key>");
+        given `frames`, with the outputs its stacks need."""
         try:
             action_keys, state_keys = list(env._action_keys), list(env._state_keys)
             calls = callable(env._send) and callable(env._recv)
@@ -111,7 +127,8 @@ class _DirectCalls:
             players = env.config.get("max_num_players", 1)
         except (AttributeError, TypeError):
             return False
-        needed = (*_STATE_KEYS_NEEDED, *(flatten.envpool_keys if flatten is not None else ["obs"]))
+        needed = (*_STATE_KEYS_NEEDED, *(flatten.envpool_keys if flatten is not None else ["obs"]),
+                  *(_FRAME_KEYS if frames is not None else ()))
         return (calls and action_keys == _ACTION_KEYS and len(action_spec) == len(_ACTION_KEYS) and players == 1
                 and all(k in state_keys for k in needed))
 
@@ -127,9 +144,9 @@ class _DirectCalls:
                 values[score] if score >= 0 else None, values[game_over] if game_over >= 0 else None)
 
 
-def _direct_calls(env, ids: np.ndarray, flatten: DictFlattener | OneHot | None,
-                  direct: bool) -> _DirectCalls | None:
-    return _DirectCalls(env, ids, flatten) if direct and _DirectCalls.supported(env, flatten) else None
+def _direct_calls(env, ids: np.ndarray, flatten: DictFlattener | OneHot | None, direct: bool,
+                  frames: FrameStacks | None = None) -> _DirectCalls | None:
+    return _DirectCalls(env, ids, flatten, frames) if direct and _DirectCalls.supported(env, flatten, frames) else None
 
 
 class EnvpoolSplit:
@@ -141,12 +158,13 @@ class EnvpoolSplit:
         from fastrl.envs.envpool_loader import load_envpool
 
         self.num_envs = num_envs
+        kwargs, layout = envpool_kwargs(env_cfg, spec)
         self._env = load_envpool(spec.env_id).make(spec.env_id, env_type="gymnasium", num_envs=num_envs,
-                                                   batch_size=num_envs, num_threads=num_threads, seed=seed,
-                                                   **env_cfg.kwargs)
+                                                   batch_size=num_envs, num_threads=num_threads, seed=seed, **kwargs)
         self._ids = np.arange(num_envs, dtype=np.int32)
         self._flatten = flattener_for(spec, num_envs)
-        self._direct = _direct_calls(self._env, self._ids, self._flatten, direct)
+        self._frames = FrameStacks(num_envs, layout) if layout is not None else None
+        self._direct = _direct_calls(self._env, self._ids, self._flatten, direct, self._frames)
 
     @property
     def direct(self) -> bool:
@@ -177,6 +195,8 @@ class EnvpoolSplit:
         obs, reward, terminated, truncated, info = self._env.recv()
         if self._flatten is not None:
             obs = self._flatten(obs)
+        if self._frames is not None:
+            obs = self._frames.push(obs, info["elapsed_step"], info["lives"], terminated | truncated, info["env_id"])
         atari = "lives" in info
         return (obs, reward, terminated | truncated, truncated, info["env_id"],
                 info["reward"] if atari else None, info["terminated"] if atari else None)
@@ -203,9 +223,10 @@ class SharedEnvpool:
     def __init__(self, env_cfg: EnvConfig, spec: EnvSpec, num_groups: int, envs_per_group: int, seed: int):
         from fastrl.envs.envpool_loader import load_envpool
 
+        kwargs, self.frame_layout = envpool_kwargs(env_cfg, spec)  # the groups' FrameStacks, where fastrl_ext keeps them
         self.env = load_envpool(spec.env_id).make(spec.env_id, env_type="gymnasium",
                                                   num_envs=num_groups * envs_per_group, batch_size=envs_per_group,
-                                                  num_threads=1, seed=seed, **env_cfg.kwargs)
+                                                  num_threads=1, seed=seed, **kwargs)
         self.spec = spec
         self.reset_sent = False
         self.open_groups = num_groups
@@ -221,7 +242,9 @@ class PooledGroup(EnvpoolSplit):
         self.first_id = group * num_envs
         self._ids = np.arange(self.first_id, self.first_id + num_envs, dtype=np.int32)
         self._flatten = flattener_for(pool.spec, num_envs)
-        self._direct = _direct_calls(pool.env, self._ids, self._flatten, direct)
+        layout = pool.frame_layout
+        self._frames = FrameStacks(num_envs, layout, self.first_id) if layout is not None else None
+        self._direct = _direct_calls(pool.env, self._ids, self._flatten, direct, self._frames)
         if self._direct is not None:
             # fastrl_ext._rollout calls this through raw_calls, so the ids are checked and made local there too
             envpool_recv, id_position = self._direct.recv_raw, self._direct.positions[4]

@@ -195,12 +195,10 @@ void resize_default(const Plan& p, const uint8_t* src, uint8_t* dst, float* rowf
 #if FASTRL_X86_VARIANTS
 // 8 destinations a vector, in two windows of 16 source bytes (4 destinations each), each entry's bytes
 // picked by a byte shuffle; then the scalar pass's products and sums, lane by lane.
-FASTRL_TARGET_AVX2 void resize_avx2(const Plan& p, const uint8_t* src, uint8_t* dst, float* rowf, float* rows) {
-    if (!p.quad_fits) {
-        resize_scalar(p, src, dst, rowf, rows);
-        return;
-    }
-    const int K = p.x.most, groups = p.w_pad / 8, w_pad = p.w_pad;
+// kK: the entries per destination when fixed at compile time (the loop over them then unrolled), else 0.
+template <int kK>
+FASTRL_TARGET_AVX2 void resize_avx2_k(const Plan& p, const uint8_t* src, uint8_t* dst, float* rows) {
+    const int K = kK > 0 ? kK : p.x.most, groups = p.w_pad / 8, w_pad = p.w_pad;
     const float* weights = p.x_weight.data();
     const int* bases = p.quad_base.data();
     const uint8_t* shuffles = p.quad_shuffle.data();
@@ -248,12 +246,26 @@ FASTRL_TARGET_AVX2 void resize_avx2(const Plan& p, const uint8_t* src, uint8_t* 
     }
 }
 
+// Pong's 210x160 -> 84x84 has 3 entries per destination on both axes (a scale of 1.9 across, 2.5 down)
+constexpr int kPresetEntries = 3;
+
+FASTRL_TARGET_AVX2 void resize_avx2(const Plan& p, const uint8_t* src, uint8_t* dst, float* rowf, float* rows) {
+    if (!p.quad_fits) {
+        resize_scalar(p, src, dst, rowf, rows);
+    } else if (p.x.most == kPresetEntries) {
+        resize_avx2_k<kPresetEntries>(p, src, dst, rows);
+    } else {
+        resize_avx2_k<0>(p, src, dst, rows);
+    }
+}
+
 // 16 destinations a vector: each x entry's source pixels picked from the 32 source pixels at the group's
 // base (or gathered from the row as floats), each product then added in entry order, as the scalar pass
 // does lane by lane. The 32 pixels are read as bytes straight from the frame: floats stored and read back
 // at another offset would wait on failed store forwarding.
-FASTRL_TARGET_AVX512 void resize_avx512(const Plan& p, const uint8_t* src, uint8_t* dst, float* rowf, float* rows) {
-    const int K = p.x.most, groups = p.w_pad / kLanes, w_pad = p.w_pad;
+template <int kK>
+FASTRL_TARGET_AVX512 void resize_avx512_k(const Plan& p, const uint8_t* src, uint8_t* dst, float* rowf, float* rows) {
+    const int K = kK > 0 ? kK : p.x.most, groups = p.w_pad / kLanes, w_pad = p.w_pad;
     const int* offsets = p.x_offset.data();
     const int* sources = p.x_src.data();
     const float* weights = p.x_weight.data();
@@ -312,6 +324,13 @@ FASTRL_TARGET_AVX512 void resize_avx512(const Plan& p, const uint8_t* src, uint8
                 std::memcpy(o + at, row_out, static_cast<size_t>(n));
             }
         }
+    }
+}
+FASTRL_TARGET_AVX512 void resize_avx512(const Plan& p, const uint8_t* src, uint8_t* dst, float* rowf, float* rows) {
+    if (p.x.most == kPresetEntries) {
+        resize_avx512_k<kPresetEntries>(p, src, dst, rowf, rows);
+    } else {
+        resize_avx512_k<0>(p, src, dst, rowf, rows);
     }
 }
 const ResizeFn resize_variants[] = {resize_default, resize_avx2, resize_avx512};

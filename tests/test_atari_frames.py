@@ -133,13 +133,13 @@ def with_frames(cfg, choice: str):
     return dataclasses.replace(cfg.env, atari_frames=choice)
 
 
-def step_both(envpool_groups, fastrl_groups, steps: int, seed: int) -> int:
+def step_both(envpool_groups, fastrl_groups, steps: int, seed: int) -> tuple[int, int]:
     """Steps both sets of groups with the same random actions; every output equal at every step. Returns the
-    games that ended (resets that start the stacks over)."""
+    games that ended and the episodes cut by the time limit (resets that start the stacks over)."""
     rng = np.random.default_rng(seed)
     for a, b in zip(envpool_groups, fastrl_groups):
         np.testing.assert_array_equal(a.reset().obs, b.reset().obs)
-    games = 0
+    games = truncated = 0
     for t in range(steps):
         for a, b in zip(envpool_groups, fastrl_groups):
             actions = rng.integers(0, 4, a.num_envs).astype(np.int32)
@@ -151,7 +151,8 @@ def step_both(envpool_groups, fastrl_groups, steps: int, seed: int) -> int:
             for u, v in zip(want[1:], got[1:]):
                 np.testing.assert_array_equal(u, v)
             games += int(want[6].sum())
-    return games
+            truncated += int(want[3].sum())
+    return games, truncated
 
 
 @pytest.mark.parametrize("env_pool", ["per_worker", "per_group"])
@@ -164,7 +165,21 @@ def test_groups_frames_are_envpools_own_through_lost_lives_and_new_games(breakou
     try:
         assert all(g._frames is None for g in envpool_groups)
         assert all(g._frames is not None and g.direct for g in fastrl_groups)
-        assert step_both(envpool_groups, fastrl_groups, 260, seed=2) >= 2
+        assert step_both(envpool_groups, fastrl_groups, 260, seed=2)[0] >= 2
+    finally:
+        for g in (*envpool_groups, *fastrl_groups):
+            g.close()
+
+
+def test_time_limits_restart_the_stacks_as_envpools_do():
+    """Pong cut at 40 env steps: each truncation's reset is a new game (elapsed_step 0)."""
+    cfg = load_config("configs/atari_pong.yaml", ["sampler.num_envs_per_worker=8",
+                                                   "env.kwargs={episodic_life: true, max_episode_steps: 40}"])
+    spec = resolve_env(cfg.env)
+    envpool_groups = make_groups(with_frames(cfg, "envpool"), spec, cfg.sampler, 5)
+    fastrl_groups = make_groups(with_frames(cfg, "fastrl"), spec, cfg.sampler, 5)
+    try:
+        assert step_both(envpool_groups, fastrl_groups, 90, seed=0)[1] >= 8  # every env cut twice
     finally:
         for g in (*envpool_groups, *fastrl_groups):
             g.close()

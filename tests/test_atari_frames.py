@@ -121,6 +121,8 @@ def test_rows_out_of_env_order_get_their_own_envs_stacks():
         order = np.array([2, 0, 1])
         got = shuffled.push(raw[order], elapsed[order], lives[order], done[order], ids[order])
         np.testing.assert_array_equal(got, expected[order])
+    with pytest.raises(RuntimeError, match="collected in the order they sent"):
+        shuffled.push(raw, elapsed, lives, done, np.array([7, 8, 5], np.int32))  # env 8 is another group's
 
 
 @pytest.fixture(scope="module")

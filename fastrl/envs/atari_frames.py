@@ -33,7 +33,8 @@ class FrameLayout:
 
 
 def is_atari(spec) -> bool:
-    """Whether an env spec is envpool's Atari (image frames with a frameskip)."""
+    """Whether an env spec is envpool's Atari: image frames with a frameskip (the spec's only Atari mark, so an
+    Atari env made with frame_skip 1 keeps envpool's frames)."""
     return spec.backend == "envpool" and spec.frames_per_env_step > 1 and spec.is_image
 
 
@@ -59,7 +60,7 @@ def envpool_kwargs(env_cfg, spec) -> tuple[dict, FrameLayout | None]:
     env.atari_frames: auto takes the frames where it can, fastrl insists (a ValueError saying why not),
     envpool never does."""
     kwargs = dict(env_cfg.kwargs)
-    choice = getattr(env_cfg, "atari_frames", "envpool")
+    choice = env_cfg.atari_frames
     if choice == "envpool" or not is_atari(spec):
         if choice == "fastrl":
             raise ValueError(f"env.atari_frames=fastrl: {spec.env_id} is not an envpool Atari env")
@@ -96,6 +97,10 @@ class FrameStacks:
         local = env_id - self.first_id
         ordered = np.array_equal(local, self.in_order)
         if not ordered:
+            if local.min() < 0 or local.max() >= len(self.stacks):  # PooledGroup says why, had the stacks let it
+                raise RuntimeError(f"frames of envs {env_id.min()}..{env_id.max()} came to the stacks of envs "
+                                   f"{self.first_id}..{self.first_id + len(self.stacks) - 1}: the groups of a shared "
+                                   "envpool must be reset and collected in the order they sent")
             order = np.argsort(local)
             raw, elapsed_step, lives, done = raw[order], elapsed_step[order], lives[order], done[order]
         new_game = (elapsed_step == 0) | (self.was_done & (lives > self.lives))

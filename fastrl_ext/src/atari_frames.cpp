@@ -340,10 +340,10 @@ const ResizeFn resize_variants[] = {resize_default, resize_default, resize_defau
 
 ResizeFn resize_fn = resize_default;
 
-// The last plan made, reused while the sizes stay (a worker resizes one shape for its whole life).
-// Calls hold the GIL while they pick it, so one process's threads never race on it.
+// The last plan made on this thread, reused while the sizes stay (a worker resizes one shape for its whole
+// life). Per thread, so that a call that released the GIL keeps its plan whatever sizes another thread asks for.
 const Plan& plan_for(int H, int W, int h, int w) {
-    static Plan plan;
+    static thread_local Plan plan;
     if (plan.H != H || plan.W != W || plan.h != h || plan.w != w) plan = make_plan(H, W, h, w);
     return plan;
 }

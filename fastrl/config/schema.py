@@ -34,7 +34,8 @@ class EnvConfig:
         "frames and fastrl_ext resizes them (OpenCV's INTER_AREA, as envpool does, bit for bit, in vectors) and "
         "keeps the stacks in the rollout worker: envpool's scalar resize was ~10% of a Pong sample stage's CPU. "
         "envpool: envpool does both. auto = fastrl where it can (fastrl_ext built, grayscale, area resize, frames "
-        "shrunk); fastrl where it cannot is an error.")
+        "shrunk, and not by whole numbers both ways, where OpenCV averages blocks by another path); fastrl where it "
+        "cannot is an error.")
 
 
 @dataclass

@@ -159,7 +159,7 @@ inline uint8_t round_saturate(float v) {
     return static_cast<uint8_t>(r < 0 ? 0 : (r > 255 ? 255 : r));
 }
 
-// The scalar pass (plain x86-64 and AVX2, which the compiler may vectorise with gathers).
+// The scalar pass: plain x86-64's, and the AVX2 pass's where a group's sources do not fit its windows.
 // `rows`: [H][w_pad] floats of scratch for the x sums of every source row.
 __attribute__((always_inline)) inline void resize_scalar(const Plan& p, const uint8_t* src, uint8_t* dst,
                                                          float* rowf, float* rows) {

@@ -23,6 +23,7 @@ import torch
 
 import fastrl.models.frames as frames_module
 from fastrl.models.frames import _native_into, frames_to_input_torch
+from fastrl.workers.process import keep_freed_heap
 from fastrl_ext import _frames
 
 CASES = [("bf16 channels-last", torch.bfloat16, True, 1), ("bf16 NCHW", torch.bfloat16, False, 1),
@@ -40,6 +41,9 @@ def main() -> int:
     if args.learner:
         return learner_ab(args.learner, args.rounds)
     torch.set_num_threads(1)
+    # as the learner and inference workers do: with glibc's defaults each batch's output lands in fresh pages,
+    # and the page faults (~1.5-2 µs a frame at batch 16) would be timed as the kernel's
+    keep_freed_heap(256)
     shape = tuple(int(v) for v in args.shape.split("x"))
     print(f"frames {args.shape}, 1 thread, fastrl_ext._frames as {_frames.ISA}; µs per frame, medians of {args.repeats}")
     print(f"{'batch':>6}  {'input':<20} {'torch':>8} {'fastrl_ext':>11} {'speed-up':>9}")

@@ -2,6 +2,9 @@
 the GPU path) against straight from shared memory (`try_load`, the CPU path), CPU ms per refresh;
 and the learner's publication (`publish`: one copy per run of tensors, strided ones through their
 strides) against `torch.cat` of the tensors reshaped, what it did for channels-last weights before.
+For a preset whose actors hold the network in bf16 (fastrl.workers.first_weights.acts_in_bf16), also
+the bf16 acting block (system.publish_bf16): a refresh that loads bf16 as it is, and a publication of
+the learner's bf16 copies of the weights (its optimizer's roundings) into that block alone.
 
     python bench/weights_microbench.py [--config configs/atari_pong.yaml] [--rounds 15]
 
@@ -23,6 +26,7 @@ from fastrl.buffers.weights import LayoutTensors, SharedWeights
 from fastrl.config import load_config
 from fastrl.envs import resolve_env
 from fastrl.models import seeded_model
+from fastrl.workers.first_weights import acts_in_bf16
 from fastrl.workers.process import keep_freed_heap
 
 
@@ -43,6 +47,11 @@ def main() -> None:
         weights.publish(learner_model, version=1)
         staging = weights.new_staging()
         evict = torch.empty(64 << 20, dtype=torch.uint8)
+        # an acting block where the preset's actors act in bf16: its own allocator's names
+        acting = (SharedWeights.reserve(alloc_b := ShmAllocator()).complete(alloc_b, weights.layout, acting_bf16=True)
+                  if acts_in_bf16(cfg, spec, learner_model) else None)
+        if acting is not None:
+            acting.publish(learner_model, version=1)
 
         def via_staging():
             weights.try_read(staging)
@@ -52,6 +61,8 @@ def main() -> None:
             weights.try_load(worker_model)
 
         ways = {"staging copy (try_read + load_into)": via_staging, "straight from shm (try_load)": direct}
+        if acting is not None:
+            ways["bf16 from the acting block (try_load)"] = lambda: acting.try_load(worker_model)
         cpu_s: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.rounds + 1):  # the first round warms up and is dropped
             for name, refresh in ways.items():
@@ -63,16 +74,18 @@ def main() -> None:
         print(f"{args.config}: {weights.data.array.nbytes / 2**20:.1f} MiB of fp32 weights into "
               f"{'/'.join(dtypes)} layers, caches evicted before each refresh, {args.rounds} rounds")
         medians = {name: 1e3 * statistics.median(v[1:]) for name, v in cpu_s.items()}
+        first = next(iter(medians.values()))
         for name, ms in medians.items():
-            print(f"  {name:<38} {ms:7.3f} CPU ms per refresh")
-        before, after = medians.values()
-        print(f"  ratio {after / before:.2f}")
-        _time_publication(weights, learner_model, evict, args.rounds)
+            print(f"  {name:<38} {ms:7.3f} CPU ms per refresh ({ms / first:.2f}x the first)")
+        _time_publication(weights, acting, learner_model, evict, args.rounds)
     finally:
         alloc.unlink_all()
+        if acting is not None:
+            alloc_b.unlink_all()
 
 
-def _time_publication(weights: SharedWeights, model: torch.nn.Module, evict: torch.Tensor, rounds: int) -> None:
+def _time_publication(weights: SharedWeights, acting: SharedWeights | None, model: torch.nn.Module,
+                      evict: torch.Tensor, rounds: int) -> None:
     tensors = LayoutTensors(model, weights.layout).tensors()  # what publish writes, in the block's order
     block = torch.from_numpy(weights.data.array)
 
@@ -82,6 +95,9 @@ def _time_publication(weights: SharedWeights, model: torch.nn.Module, evict: tor
 
     ways = {"torch.cat of the tensors reshaped": through_cat,
             "publish (copies through strides)": lambda: weights.publish(model, version=2)}
+    if acting is not None:  # the learner's bf16 working copy, as its optimizer leaves it (channels-last convs)
+        copies = [t.detach().to(torch.bfloat16) for t in tensors]
+        ways["publish bf16 copies to the acting block"] = lambda: acting.publish(model, version=2, acting_tensors=copies)
     wall_s: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(rounds + 1):
         for name, write in ways.items():

@@ -212,3 +212,45 @@ def test_copy_holds_bf16_layers_and_leaves_the_master_alone():
     assert model.log_std.grad is None and model.value_head.weight.grad.dtype == torch.float32
     with pytest.raises(ValueError, match="bf16"):
         Bf16WorkingCopy(ActorCritic(CHEETAH, ModelConfig(precision="fp32")))
+
+
+def test_the_copies_a_step_wrote_are_what_the_learner_publishes_to_bf16_actors():
+    """The learner publishes the working copy's tensors to actors that load bf16 (fastrl.buffers.weights):
+    they must be the master's weights rounded, as each actor rounded them at its load before, and only
+    while the step's writes are the latest (a load into the master, e.g. a resume, makes them stale)."""
+    from fastrl.buffers.weights import LayoutTensors, state_layout
+
+    trainer, cfg, spec = _trainer("cnn", True, native_optimizer=True)
+    layout = LayoutTensors(trainer.model, state_layout(trainer.model)).tensors()
+    assert trainer.bf16_copy.current_copies(layout) is None  # no step has written the copy yet
+    trainer.train(_batch(cfg, spec))
+    copies = trainer.bf16_copy.current_copies(layout)
+    assert copies is not None and len(copies) == len(layout)
+    for t, c in zip(layout, copies):
+        assert c.dtype == torch.bfloat16 and torch.equal(t.detach().to(torch.bfloat16), c.detach())
+    trainer.model.load_state_dict(seeded_model(spec, cfg.model, seed=11).state_dict())
+    assert trainer.bf16_copy.current_copies(layout) is None
+    plain, _, _ = _trainer("cnn", True, native_optimizer=False)  # torch's step: the copy is cast at the next refresh
+    plain.train(_batch(cfg, spec))
+    assert plain.bf16_copy.current_copies(LayoutTensors(plain.model, state_layout(plain.model)).tensors()) is None
+
+
+@pytest.mark.parametrize("preset, overrides, expected", [
+    ("configs/atari_pong.yaml", ["model.precision=bf16"], True),
+    ("configs/atari_pong.yaml", ["model.precision=bf16", "system.publish_bf16=false"], False),
+    ("configs/atari_pong.yaml", ["model.precision=fp32"], False),
+    ("configs/atari_pong.yaml", ["model.precision=bf16", "sampler.num_inference_workers=0"], True),  # torch in rollouts
+    # a Gaussian head's log-std stays float32 in an actor: the whole network is not bf16
+    ("configs/mujoco_halfcheetah.yaml", ["model.precision=bf16", "sampler.num_inference_workers=1"], False),
+    # an MLP acting in numpy reads float32
+    ("configs/cartpole.yaml", ["model.precision=bf16", "sampler.num_inference_workers=0",
+                               "sampler.acting_backend=numpy"], False),
+    ("configs/cartpole.yaml", ["model.precision=bf16", "sampler.num_inference_workers=1"], True),
+])
+def test_which_runs_publish_bf16_to_their_actors(preset, overrides, expected):
+    from fastrl.envs import resolve_env
+    from fastrl.workers.first_weights import acts_in_bf16
+
+    cfg = load_config(str(ROOT / preset), overrides)
+    spec = FRAMES if "pong" in preset else resolve_env(cfg.env)
+    assert acts_in_bf16(cfg, spec, seeded_model(spec, cfg.model, seed=1)) is expected

@@ -404,3 +404,86 @@ def test_try_load_gives_up_on_a_write_that_never_ends(monkeypatch):
             weights.try_load(_ConvNet(), deadline_s=0.05)
     finally:
         alloc.unlink_all()
+
+
+def _bf16_net() -> torch.nn.Module:
+    """Layers only, as a bf16 CNN's state is; a conv held channels-last, as the learner and actors hold it."""
+    torch.manual_seed(4)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 2), torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 3, 5))
+    return net.to(memory_format=torch.channels_last)
+
+
+def _load_in_child(handle: SharedWeights, want_version: int, result):
+    """An actor spawned with the complete handle: holds its layers in bf16 and loads what it is given."""
+    net = _bf16_net().to(torch.bfloat16)
+    with torch.no_grad():
+        for t in net.state_dict().values():
+            t.zero_()
+    deadline = time.monotonic() + 30
+    while handle.try_load(net) != want_version:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    flat = torch.cat([t.reshape(-1) for t in net.state_dict().values()]).view(torch.int16)
+    result[:] = flat.tolist()
+
+
+def test_an_acting_block_carries_the_bf16_roundings_and_the_learners_versions_alone():
+    """With an acting block (a run whose actors hold the network in bf16), the starting weights go into both
+    blocks; a learner's bf16 copies into the acting block alone, which the actors load from and watch; the
+    float32 block keeps the starting weights the learner starts from."""
+    alloc = ShmAllocator()
+    try:
+        src = _bf16_net()
+        reserved = SharedWeights.reserve(alloc)
+        assert reserved.actors_header is reserved.header.array  # before the block exists
+        weights = reserved.complete(alloc, state_layout(src), acting_bf16=True)
+        assert weights.has_acting_block and reserved.actors_header is weights.acting_header.array
+        weights.publish(src, version=0)
+        rounded = torch.cat([t.reshape(-1).to(torch.bfloat16) for t in src.state_dict().values()])
+        assert torch.equal(torch.from_numpy(weights.acting.array.copy()).view(torch.bfloat16), rounded)
+        assert torch.equal(torch.from_numpy(weights.data.array.copy()), _flat_state(src))
+        assert weights.is_published and weights.version == 0 and int(weights.actors_header[1]) == 0
+        start = weights.data.array.copy()
+
+        # the learner's next version: its optimizer's bf16 roundings, written into the acting block alone
+        with torch.no_grad():
+            for t in src.state_dict().values():
+                t.add_(0.25)
+        copies = [t.to(torch.bfloat16) for t in weights.layout_tensors(src)]
+        seq = int(weights.actors_header[0])
+        weights.publish(src, version=7, acting_tensors=copies)
+        assert int(weights.actors_header[0]) == seq + 2 and int(weights.actors_header[1]) == 7
+        assert np.array_equal(weights.data.array, start) and weights.version == 0
+        result = mp.get_context("spawn").Array("l", int(weights.acting.shape[0]))
+        p = mp.get_context("spawn").Process(target=_load_in_child, args=(pickle.loads(pickle.dumps(weights)), 7, result))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0
+        want = torch.cat([c.reshape(-1) for c in
+                          (t.contiguous() for t in copies)]).view(torch.int16)  # the layout's (logical) order
+        assert torch.equal(torch.tensor(result[:], dtype=torch.int16), want)
+        # a handle attached from the headers alone (a process spawned before the block) finds the acting block
+        late = SharedWeights(reserved.header, None, None, reserved.data_name, reserved.layout_bytes,
+                             reserved.acting_header, reserved.acting_name)
+        assert late.attach(src) and late.has_acting_block
+        net = _bf16_net().to(torch.bfloat16)
+        assert late.try_load(net) == 7
+        assert torch.equal(torch.cat([t.reshape(-1) for t in net.state_dict().values()]), want.view(torch.bfloat16))
+    finally:
+        alloc.unlink_all()
+    assert not list(SHM_DIR.glob(alloc.prefix + "*"))
+
+
+def test_without_an_acting_block_actors_load_and_watch_the_float32_block():
+    alloc = ShmAllocator()
+    try:
+        src = _bf16_net()
+        weights = SharedWeights.allocate(alloc, src)
+        assert not weights.has_acting_block and weights.actors_header is weights.header.array
+        weights.publish(src, version=3)
+        net = _bf16_net().to(torch.bfloat16)
+        assert weights.try_load(net) == 3
+        for got, t in zip(net.state_dict().values(), src.state_dict().values()):
+            assert torch.equal(got, t.to(torch.bfloat16))  # each actor rounds at its load
+    finally:
+        alloc.unlink_all()

@@ -8,6 +8,7 @@ import signal
 import pytest
 import torch
 
+from fastrl.config.hardware import native_bf16
 from helpers import ROOT, RunProcess
 
 pytestmark = pytest.mark.integration
@@ -179,6 +180,26 @@ def test_a_gymnasium_env_of_hwc_images_learns_and_its_eval_draws_them_in_colour(
             im.seek(k)
             colours.add(im.convert("RGB").getpixel((5, 5)))
     assert colours <= {(200, 0, 0), (0, 0, 200)} and len(colours) == 2, colours  # red and blue fields, not gray
+    assert_clean(run)
+
+
+@pytest.mark.skipif(not native_bf16("cpu"), reason="bf16 is emulated on this CPU (~12x slower than fp32)")
+def test_a_bf16_cnn_learns_on_the_versions_its_inference_worker_loads_as_bf16(tmp_path):
+    """model.precision=bf16 with an inference worker (the Pong preset's path): the learner publishes its versions
+    as bf16 into the actors' block alone (system.publish_bf16, fastrl.buffers.weights) and the inference worker
+    loads them from there. An actor that missed them would act on the starting network (a guess earns ~10 of
+    20) with a lag that grows past algo's bound, its samples dropped."""
+    env = {"PYTHONPATH": str(ROOT / "tests")}
+    run = RunProcess("--config", CARTPOLE, "--set", "env.id=custom_env:FastrlTestColours-v0",
+                     "--set", "model.encoder=nature_cnn", "--set", "model.precision=bf16",
+                     "--set", "sampler.num_inference_workers=1", "--set", "run.stop_at_mean_return=18",
+                     "--set", "run.train_for_env_steps=300000", runs_dir=tmp_path, env=env)
+    assert run.wait(180) == 0, run.output
+    assert "mean return of the last 100 episodes reached 18" in run.output, run.output
+    log = (run.run_dir / "train.log").read_text()
+    assert "the actors load the learner's versions as bf16 from a block of their own" in log, log
+    summary = run.summary()
+    assert summary["policy_version"] > 0 and summary["samples_dropped_for_lag"] == 0, summary
     assert_clean(run)
 
 

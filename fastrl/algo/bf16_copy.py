@@ -102,6 +102,17 @@ class Bf16WorkingCopy:
         refresh then casts again."""
         self.fresh_versions = [p._version for p in self.master_params]
 
+    def current_copies(self, tensors: list) -> list | None:
+        """The copy's bf16 tensors standing for the master's `tensors`, in their order, while they hold the
+        master's current weights as the optimizer's step rounded them (written_by_step, nothing changed
+        since): what the learner publishes to actors that act in bf16 (fastrl.buffers.weights), with nothing
+        to round again. None otherwise, or where one of `tensors` has no bf16 copy."""
+        if self.fresh_versions is None or self.fresh_versions != [p._version for p in self.master_params]:
+            return None
+        by_master = {id(m): c for m, c in zip(self.master_params, self.params)}
+        copies = [by_master.get(id(t)) for t in tensors]
+        return None if any(c is None or c.dtype != torch.bfloat16 for c in copies) else copies
+
     def split_weight_grads(self, thread: WeightGradThread) -> None:
         """From now on the copy's CNN layers hand their weight gradients to `thread` during the
         backward (fastrl.algo.split_backward); `gradients` collects them. One caller at a time then."""

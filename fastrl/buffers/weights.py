@@ -5,6 +5,14 @@ stores the new policy version. A reader copies the whole block and keeps the cop
 sequence was even and unchanged around the copy, so it never uses half-written weights and
 the learner never blocks on a reader. (On x86, loads are not reordered with loads and stores
 not with stores, which is all a seqlock of plain memory accesses needs.)
+
+The block holds float32. A run whose actors all hold the whole network in bf16 (a bf16 CNN acting
+in torch on the CPU: fastrl.workers.first_weights.acts_in_bf16) also gets an acting block: the same
+layout as bf16 bits, behind its own seqlock. The starting weights go into both; the learner's
+training versions into the acting block only, rounded by its optimizer already (its bf16 working
+copy), and the actors load from it: the same roundings an actor made from float32 at every load, at
+half the bytes each side (Pong: 3.4 MB a version, ~57 versions a second while training). The
+float32 block then keeps the starting weights, which the learner starts from.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
 LAYOUT_BYTES = 1 << 16  # a network's layout as JSON: Pong's Nature CNN takes ~0.6 KB
+HEADER_LEN = 4  # [seq, policy_version, num_floats, whether an acting block exists]
 
 # torch is imported where weights are touched, not here: a rollout worker that leaves acting to an
 # inference process unpickles this class but never loads torch, which saves ~1 CPU-second per
@@ -129,15 +138,23 @@ class SharedWeights:
     """
 
     def __init__(self, header: ShmArray, data: ShmArray | None, layout: list | None, data_name: str,
-                 layout_bytes: ShmArray | None = None):
+                 layout_bytes: ShmArray | None = None, acting_header: ShmArray | None = None,
+                 acting_name: str | None = None, acting: ShmArray | None = None):
         self.header, self.data, self.layout, self.data_name = header, data, layout, data_name
         # [length, JSON of the layout...] once the block exists (reserve/complete)
         self.layout_bytes = layout_bytes
+        # the bf16 acting block (int16 bits, the layout's elements) and its seqlock [seq, policy_version]
+        self.acting_header, self.acting_name, self.acting = acting_header, acting_name, acting
         self._tensors: LayoutTensors | None = None  # of the last module published or loaded; never pickled
         self._plan: PublishPlan | None = None  # the learner's copies into the block; never pickled
+        self._acting_view = None  # the acting block as a bf16 tensor; never pickled
 
     def __getstate__(self) -> dict:
-        return dict(self.__dict__, _tensors=None, _plan=None)
+        return dict(self.__dict__, _tensors=None, _plan=None, _acting_view=None)
+
+    def layout_tensors(self, module: torch.nn.Module) -> list:
+        """`module`'s live tensors in the layout's order."""
+        return self._tensors_of(module)
 
     def _tensors_of(self, module: torch.nn.Module) -> list:
         if self._tensors is None or self._tensors.module is not module:
@@ -146,13 +163,16 @@ class SharedWeights:
 
     @staticmethod
     def reserve(alloc: ShmAllocator) -> "SharedWeights":
-        """The header alone: what processes spawned before the model exists are handed."""
-        header = alloc.array("weights_header", (3,), np.int64)
+        """The headers alone: what processes spawned before the model exists are handed."""
+        header = alloc.array("weights_header", (HEADER_LEN,), np.int64)
         layout_bytes = alloc.array("weights_layout", (LAYOUT_BYTES,), np.uint8)
-        return SharedWeights(header, None, None, alloc.name_of("weights_data"), layout_bytes)
+        acting_header = alloc.array("weights_acting_header", (2,), np.int64)
+        return SharedWeights(header, None, None, alloc.name_of("weights_data"), layout_bytes,
+                             acting_header, alloc.name_of("weights_acting"))
 
-    def complete(self, alloc: ShmAllocator, layout: list) -> "SharedWeights":
-        """Runner: allocate the data block for `layout`; returns the complete handle (self is left as it was)."""
+    def complete(self, alloc: ShmAllocator, layout: list, acting_bf16: bool = False) -> "SharedWeights":
+        """Runner: allocate the data block for `layout`, and the bf16 acting block if `acting_bf16`;
+        returns the complete handle (self is left as it was)."""
         total = layout_floats(layout)
         encoded = np.frombuffer(json.dumps(layout).encode(), dtype=np.uint8)
         if encoded.size > LAYOUT_BYTES - 8:
@@ -161,13 +181,27 @@ class SharedWeights:
         self.layout_bytes.array[8:8 + encoded.size] = encoded
         self.layout_bytes.array[:8].view(np.int64)[0] = encoded.size
         data = alloc.array("weights_data", (total,), np.float32)
+        acting = alloc.array("weights_acting", (total,), np.int16) if acting_bf16 else None
+        self.header.array[3] = int(acting_bf16)
         # written last: readers holding only the header may attach from here on (x86 keeps stores in order)
         self.header.array[2] = total
-        return SharedWeights(self.header, data, layout, self.data_name, self.layout_bytes)
+        return SharedWeights(self.header, data, layout, self.data_name, self.layout_bytes, self.acting_header,
+                             self.acting_name, acting)
 
     @staticmethod
-    def allocate(alloc: ShmAllocator, module: torch.nn.Module) -> "SharedWeights":
-        return SharedWeights.reserve(alloc).complete(alloc, state_layout(module))
+    def allocate(alloc: ShmAllocator, module: torch.nn.Module, acting_bf16: bool = False) -> "SharedWeights":
+        return SharedWeights.reserve(alloc).complete(alloc, state_layout(module), acting_bf16)
+
+    @property
+    def has_acting_block(self) -> bool:
+        """Whether the actors load bf16 versions from the acting block (once attached or complete)."""
+        return self.acting is not None
+
+    @property
+    def actors_header(self) -> np.ndarray:
+        """The seqlock the actors' versions come through, [seq, policy_version, ...] (seq 0: nothing published
+        yet): the acting block's where the runner made one, else the float32 block's. Readable before attaching."""
+        return self.acting_header.array if self.header.array[3] else self.header.array
 
     @property
     def is_complete(self) -> bool:
@@ -203,6 +237,8 @@ class SharedWeights:
         if total == 0:
             return False
         layout = layout_for(total)
+        if self.header.array[3]:
+            self.acting = ShmArray(self.acting_name, (total,), np.int16)
         self.data, self.layout = ShmArray(self.data_name, (total,), np.float32), layout
         return True
 
@@ -214,7 +250,35 @@ class SharedWeights:
     def version(self) -> int:
         return int(self.header.array[1])
 
-    def publish(self, module: torch.nn.Module, version: int) -> None:
+    def publish(self, module: torch.nn.Module, version: int, acting_tensors: list | None = None) -> None:
+        """Write `module`'s weights as `version`: into the float32 block, and rounded into the acting block
+        where there is one. `acting_tensors` (the learner's training versions, where the acting block
+        exists): the layout's tensors already in bf16, written into the acting block alone."""
+        if self.acting is not None:
+            self._publish_acting(acting_tensors or self._tensors_of(module), version)
+            if acting_tensors is not None:
+                return
+        self._publish_float32(module, version)
+
+    def _acting_tensor(self) -> torch.Tensor:
+        import torch
+
+        if self._acting_view is None:
+            self._acting_view = torch.from_numpy(self.acting.array).view(torch.bfloat16)
+        return self._acting_view
+
+    def _publish_acting(self, tensors: list, version: int) -> None:
+        import torch
+
+        h, block = self.acting_header.array, self._acting_tensor()
+        h[0] += 1  # odd: write in progress
+        with torch.no_grad():  # each in its logical (state_dict) order, rounded to bf16 where it is not yet
+            for t, (_, shape, offset) in zip(tensors, self.layout):
+                block[offset:offset + t.numel()].view(shape).copy_(t)
+        h[1] = version
+        h[0] += 1  # even: consistent
+
+    def _publish_float32(self, module: torch.nn.Module, version: int) -> None:
         import torch
 
         h = self.header.array
@@ -260,11 +324,13 @@ class SharedWeights:
         """
         import torch
 
-        h = self.header.array
+        # an actor holding the network in bf16 loads the acting block where there is one: the learner's
+        # versions go there alone
+        h = self.actors_header
         seq_before = int(h[0])
         if seq_before & 1 or seq_before == 0:  # mid-write, or nothing published yet
             return None
-        flat = torch.from_numpy(self.data.array)
+        flat = self._acting_tensor() if self.acting is not None else torch.from_numpy(self.data.array)
         give_up_at = time.monotonic() + deadline_s
         while True:
             version = int(h[1])

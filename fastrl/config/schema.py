@@ -225,6 +225,12 @@ class SystemConfig:
         "sampler preempts one learner thread its partner yields the other core instead of spinning on it. "
         "inherit leaves the environment's setting.")
     inference_threads: int = opt(1, "torch intra-op threads in each inference worker.")
+    publish_bf16: bool = opt(
+        True, "Where every actor holds the whole network in bf16 (model.precision=bf16, a network whose only state "
+        "is its conv and linear layers', acting in torch on the CPU), the learner publishes its training versions as "
+        "bf16, rounded already by its optimizer, into a block of their own (fastrl.buffers.weights), and the "
+        "actors load them as they are, instead of float32 that each actor rounds at every load: half the bytes on "
+        "each side, the same bf16 weights. false: float32 always.")
     packed_inference: bool = opt(
         False, "A Nature CNN acting on the CPU (in an inference worker, or a rollout worker acting with torch) "
         "runs with its conv and hidden-layer weights packed into oneDNN's blocked layout, ReLU fused into each "

@@ -31,7 +31,7 @@ from fastrl.runner.run_end import finished_reason, format_summary
 from fastrl.runner.stats import EPISODE_WINDOW, RunStats
 from fastrl.runner.supervisor import Supervisor
 from fastrl.runner.warm_start import WarmChildren
-from fastrl.workers.first_weights import LEARNER, RUNNER, first_weights_builder
+from fastrl.workers.first_weights import LEARNER, RUNNER, acts_in_bf16, first_weights_builder
 from fastrl.workers.process import WorkerContext, die_of_signal, heartbeat_index, num_processes, setup_logging
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class Runner:
                     last_line = (msg["traceback"].strip().splitlines() or ["(no traceback)"])[-1]
                     self.failure = f"fastrl-learner: {reason}" if reason else f"fastrl-learner crashed: {last_line}"
             elif msg["kind"] == "weights_layout":
-                self._complete_weights(msg["layout"])
+                self._complete_weights(msg["layout"], msg["acting_bf16"])
             else:
                 if msg["kind"] == "learner":
                     self._log_learner(msg)
@@ -151,17 +151,25 @@ class Runner:
     def _publish_initial_weights(self, ctx: WorkerContext) -> WorkerContext:
         """The runner builds and publishes the starting weights (seeded init, or the resumed checkpoint's)."""
         model, version, base_env_steps = self._initial_model()
-        weights = ctx.weights.complete(self.alloc, state_layout(model))
+        weights = ctx.weights.complete(self.alloc, state_layout(model), acts_in_bf16(self.cfg, self.spec, model))
+        self._log_weights_block(weights)
         weights.publish(model, version)
         return dataclasses.replace(ctx, weights=weights, base_env_steps=base_env_steps)
 
-    def _complete_weights(self, layout: list) -> None:
+    def _complete_weights(self, layout: list, acting_bf16: bool) -> None:
         """Inference worker 0 or the learner built the network (WorkerContext.first_weights_by):
         allocate the data block it publishes into. Every process spawned from now on gets the
         complete handle; those spawned before attach it (SharedWeights.attach, attach_layout)."""
         if self.ctx.weights.is_complete:
             return  # a replacement inference worker asked again
-        self._set_ctx(dataclasses.replace(self.ctx, weights=self.ctx.weights.complete(self.alloc, layout)))
+        weights = self.ctx.weights.complete(self.alloc, layout, acting_bf16)
+        self._log_weights_block(weights)
+        self._set_ctx(dataclasses.replace(self.ctx, weights=weights))
+
+    def _log_weights_block(self, weights: SharedWeights) -> None:
+        self.log.info("weights: %d floats a version%s", weights.data.shape[0],
+                      "; the actors load the learner's versions as bf16 from a block of their own (system.publish_bf16)"
+                      if weights.has_acting_block else "")
 
     def _set_ctx(self, ctx: WorkerContext) -> None:
         """What every child spawned from now on gets, the supervisor's replacements included."""

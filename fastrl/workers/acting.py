@@ -216,7 +216,7 @@ class PolicyActor:
         self.values, self.policy_version = b.values.array, b.policy_version.array
 
     def refresh_weights(self) -> None:
-        seq = int(self.ctx.weights.header.array[0])  # 0: nothing published yet
+        seq = int(self.ctx.weights.actors_header[0])  # 0: nothing published yet
         if seq == self.seen_seq or seq == 0:
             return
         version = self.forward.read(self.ctx.weights)

@@ -45,13 +45,25 @@ def first_weights_builder(cfg: Config, resuming: bool, runner_has_torch: bool = 
     return RUNNER if runner_has_torch else LEARNER
 
 
+def acts_in_bf16(cfg: Config, spec, model) -> bool:
+    """Whether every actor of a run of `cfg` holds `model` (the run's network) whole in bf16, so that the
+    weights are published for them as bf16 (system.publish_bf16; fastrl.buffers.weights): a bf16 network
+    whose state is all conv and linear layers, acting in torch on the CPU (not in numpy, which reads float32)."""
+    from fastrl.models.numpy_policy import acting_backend
+
+    if not (cfg.system.publish_bf16 and cfg.system.device == "cpu" and model.bf16 and model.state_all_in_layers()):
+        return False
+    return not (rollout_workers_act(cfg) and acting_backend(cfg, spec) == "numpy")
+
+
 def hand_over_first_weights(ctx: WorkerContext, hb: int, model: torch.nn.Module, log) -> bool:
     """In the child that builds the starting network (heartbeat index `hb`): report `model`'s layout
     to the runner, wait for the data block it allocates, beating, and publish `model` as version 0
     unless a predecessor did (a replaced inference worker 0). False when the run stopped first."""
     weights, control = ctx.weights, ctx.control
     if not weights.attach(model):
-        put_report(ctx.channels.reports[hb], {"kind": "weights_layout", "layout": state_layout(model)})
+        put_report(ctx.channels.reports[hb], {"kind": "weights_layout", "layout": state_layout(model),
+                                              "acting_bf16": acts_in_bf16(ctx.cfg, ctx.spec, model)})
         while not weights.attach(model):
             control.beat(hb)
             if control.stop_requested:

@@ -128,7 +128,11 @@ class Learner:
         return self.ctx.control.stop_requested
 
     def _publish(self) -> None:
-        self.ctx.weights.publish(self.model, self.trainer.policy_version)
+        weights, working_copy = self.ctx.weights, self.trainer.bf16_copy
+        # actors that load bf16 get the working copy's weights, which the optimizer's step rounded already
+        acting = (working_copy.current_copies(weights.layout_tensors(self.model))
+                  if weights.has_acting_block and working_copy is not None else None)
+        weights.publish(self.model, self.trainer.policy_version, acting)
 
     # --- data
     def collect(self, block: bool = True) -> bool:

@@ -60,7 +60,9 @@ class NativeSteps:
         self.slots = (b.obs.array, b.rewards.array, b.terminated.array, b.truncated.array, b.valid.array,
                       b.actions.array, b.log_probs.array, b.values.array, b.policy_version.array)
         self.scaler = w.recorder.reward_scaler
-        self.weights_header = w.ctx.weights.header.array  # [0]: the learner's publish sequence number
+        # [0]: the learner's publish sequence number. The float32 block's: numpy actors read float32, and a run
+        # with them never has the bf16 acting block (fastrl.workers.first_weights.acts_in_bf16)
+        self.weights_header = w.ctx.weights.header.array
         self.groups: tuple = ()
         self.disabled = False  # a group whose envpool layout the loop does not know: pump does every step
         self.last_steps = MAX_STEPS  # steps the last call took

@@ -85,6 +85,7 @@ class Bf16WorkingCopy:
         self.weight_grads = None  # see split_weight_grads
         if [p.shape for p in self.params] != [p.shape for p in self.master_params]:
             raise RuntimeError("the working copy's parameters do not line up with the master's")
+        self._copy_of = {id(m): c for m, c in zip(self.master_params, self.params)}  # see current_copies
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -109,8 +110,7 @@ class Bf16WorkingCopy:
         to round again. None otherwise, or where one of `tensors` has no bf16 copy."""
         if self.fresh_versions is None or self.fresh_versions != [p._version for p in self.master_params]:
             return None
-        by_master = {id(m): c for m, c in zip(self.master_params, self.params)}
-        copies = [by_master.get(id(t)) for t in tensors]
+        copies = [self._copy_of.get(id(t)) for t in tensors]
         return None if any(c is None or c.dtype != torch.bfloat16 for c in copies) else copies
 
     def split_weight_grads(self, thread: WeightGradThread) -> None:

@@ -41,14 +41,14 @@ def main() -> None:
     spec = resolve_env(cfg.env)
     learner_model = seeded_model(spec, cfg.model, 1).use_channels_last()
     worker_model = seeded_model(spec, cfg.model, 2).for_inference()
-    alloc = ShmAllocator()
+    alloc, acting_alloc = ShmAllocator(), ShmAllocator()  # the acting block's own names
     try:
         weights = SharedWeights.allocate(alloc, learner_model)
         weights.publish(learner_model, version=1)
         staging = weights.new_staging()
         evict = torch.empty(64 << 20, dtype=torch.uint8)
-        # an acting block where the preset's actors act in bf16: its own allocator's names
-        acting = (SharedWeights.reserve(alloc_b := ShmAllocator()).complete(alloc_b, weights.layout, acting_bf16=True)
+        # an acting block where the preset's actors act in bf16
+        acting = (SharedWeights.allocate(acting_alloc, learner_model, acting_bf16=True)
                   if acts_in_bf16(cfg, spec, learner_model) else None)
         if acting is not None:
             acting.publish(learner_model, version=1)
@@ -80,8 +80,7 @@ def main() -> None:
         _time_publication(weights, acting, learner_model, evict, args.rounds)
     finally:
         alloc.unlink_all()
-        if acting is not None:
-            alloc_b.unlink_all()
+        acting_alloc.unlink_all()
 
 
 def _time_publication(weights: SharedWeights, acting: SharedWeights | None, model: torch.nn.Module,

@@ -131,8 +131,8 @@ __attribute__((always_inline)) inline void convert_all(const uint8_t* in, Out* o
 #if FASTRL_X86_VARIANTS
 // The AVX-512 variant's own loops, for the shapes the Nature CNN takes (4-frame stacks; 4x4 tiles for a
 // space-to-depth first conv) and the plain NCHW cast. Why: GCC turns the loops above into ~1 cycle per
-// value (10.6 us per 84x84x4 frame in tiles, 8.2 as NCHW bf16 on the AMX Xeon); these take 16 values per
-// instruction. The same float32 product, then the same rounding to nearest even as bf16_bits (a byte times
+// value (8.6-9.3 us per 84x84x4 frame in tiles, 6.3-6.6 as NCHW bf16 at batch 16 on the AMX Xeon); these
+// take 16 values per instruction (7.3-7.5 and 3.3-3.5 us; bench/frames_microbench.py). The same float32 product, then the same rounding to nearest even as bf16_bits (a byte times
 // 1/255 is never a NaN), so the outputs are the loops' bit for bit (tests/test_frames.py runs both).
 
 FASTRL_TARGET_AVX512 inline __m512 scaled16(__m128i bytes) {

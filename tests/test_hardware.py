@@ -85,14 +85,20 @@ def test_auto_learner_threads():
 
 
 def test_auto_learner_shards():
-    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", "auto", cores=2) == 2
-    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", 1, cores=2) == 2
-    assert resolve_learner_shards("auto", "fp32", "cpu", "samples", "auto", cores=2) == 1  # OpenMP's pair instead
-    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", "auto", cores=1) == 1
-    assert resolve_learner_shards("auto", "bf16", "cuda", "samples", "auto", cores=2) == 1
-    assert resolve_learner_shards("auto", "bf16", "cpu", "trajectories", "auto", cores=2) == 1  # cannot cut those
-    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", 2, cores=2) == 1  # the user asked for OpenMP
-    assert resolve_learner_shards(3, "fp32", "cpu", "trajectories", 2, cores=2) == 3  # an explicit choice stays
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", "auto", cores=2, flags=ZEN4) == 2
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", 1, cores=2, flags=ZEN4) == 2
+    assert resolve_learner_shards("auto", "fp32", "cpu", "samples", "auto", cores=2, flags=ZEN4) == 1  # OpenMP's pair
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", "auto", cores=1, flags=ZEN4) == 1
+    assert resolve_learner_shards("auto", "bf16", "cuda", "samples", "auto", cores=2, flags=ZEN4) == 1
+    assert resolve_learner_shards("auto", "bf16", "cpu", "trajectories", "auto", cores=2, flags=ZEN4) == 1  # cannot cut
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", 2, cores=2, flags=ZEN4) == 1  # the user asked for OpenMP
+    assert resolve_learner_shards(3, "fp32", "cpu", "trajectories", 2, cores=2, flags=ZEN4) == 3  # an explicit choice stays
+    # on 2 AMX cores one shard: the run is CPU-bound as a whole and the second shard costs CPU (see there)
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", "auto", cores=2, flags=SAPPHIRE_RAPIDS) == 1
+    assert resolve_learner_shards("auto", "bf16", "cpu", "samples", "auto", cores=4, flags=SAPPHIRE_RAPIDS) == 2
+    assert resolve_learner_shards(2, "bf16", "cpu", "samples", "auto", cores=2, flags=SAPPHIRE_RAPIDS) == 2
+    assert resolve_auto(load_config(None, ["model.precision=bf16", "system.learner_shards=auto"]), SAPPHIRE_RAPIDS,
+                        cores=2).system.learner_shards == 1
     # whatever auto resolves to passes the checks that an explicit value must
     for overrides in ([], ["algo.minibatch_unit=trajectories"], ["system.learner_threads=2"]):
         cfg = load_config(None, ["model.precision=bf16", "system.learner_shards=auto", *overrides])

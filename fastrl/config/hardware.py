@@ -75,14 +75,24 @@ def with_precision(cfg: Config, precision: str) -> Config:
 
 
 def resolve_learner_shards(learner_shards: int | str, precision: str, device: str, minibatch_unit: str,
-                           learner_threads: int | str, cores: int | None = None) -> int:
+                           learner_threads: int | str, cores: int | None = None, flags: set[str] | None = None) -> int:
     """`auto` (see SystemConfig.learner_shards): 2 for a bf16 network on a CPU with 2+ cores whose
-    minibatches are single samples, unless learner_threads asks for OpenMP threads; else 1."""
+    minibatches are single samples, unless learner_threads asks for OpenMP threads, or the CPU has AMX
+    and only 2 cores; else 1.
+
+    Why not on 2 AMX cores: there the learner's kernels are fast enough that a Pong run keeps both cores
+    busy whichever way the learner runs, so only the CPU an env step costs decides its speed, and the
+    second shard costs the learner ~14% more CPU per sample (the threads' meetings, activations handed
+    between cores) than it saves in wall time."""
     if learner_shards != "auto":
         return int(learner_shards)
     cores = cores if cores is not None else available_cores()
     shardable = minibatch_unit == "samples" and learner_threads in ("auto", 1)
-    return 2 if device == "cpu" and precision == "bf16" and cores >= 2 and shardable else 1
+    if not (device == "cpu" and precision == "bf16" and cores >= 2 and shardable):
+        return 1
+    flags = cpu_flags() if flags is None else flags
+    amx = flags is not None and "amx_bf16" in flags
+    return 1 if amx and cores <= 2 else 2
 
 
 def resolve_learner_threads(learner_threads: int | str, precision: str, device: str,
@@ -127,7 +137,7 @@ def resolve_auto(cfg: Config, flags: set[str] | None = None, cores: int | None =
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, first_conv=first_conv))
     sysc = cfg.system
     shards = resolve_learner_shards(sysc.learner_shards, cfg.model.precision, sysc.device, cfg.algo.minibatch_unit,
-                                    sysc.learner_threads, cores)
+                                    sysc.learner_threads, cores, flags)
     threads = resolve_learner_threads(sysc.learner_threads, cfg.model.precision, sysc.device, cores, shards)
     split = resolve_learner_split(cfg, encoder or cfg.model.encoder, shards)
     return dataclasses.replace(cfg, system=dataclasses.replace(sysc, learner_threads=threads, learner_shards=shards,

@@ -189,11 +189,13 @@ class SystemConfig:
         "forward), their gradients summed before the one optimizer step: data parallelism that meets once per "
         "minibatch, where learner_threads' OpenMP threads meet after every op. Each shard runs on one torch thread, "
         "so >1 needs learner_threads 1 (auto gives 1) and algo.minibatch_unit=samples. Same loss and gradient "
-        "as one piece, to float rounding. auto: 2 where the network runs in bf16 on a CPU with 2+ cores, "
-        "minibatches are single samples and learner_threads is auto or 1; else 1. Pong preset, fastrl bench "
-        "train stage, alternated rounds: AVX-512 EPYC in bf16, 2 shards against 1 thread 0.90-1.09x over 10 "
-        "rounds, median ~1.05x, policy lag p50 ~100 -> 32 versions; AVX2 EPYC in fp32, against 2 OpenMP "
-        "threads 0.77-1.49x over 11 rounds, median 0.99x.")
+        "as one piece, to float rounding. auto: 2 where the network runs in bf16 on a CPU with 2+ cores (3+ "
+        "with AMX), minibatches are single samples and learner_threads is auto or 1; else 1. Pong preset, "
+        "fastrl bench train stage, alternated rounds: AVX-512 EPYC in bf16, 2 shards against 1 thread "
+        "0.90-1.09x over 10 rounds, median ~1.05x, policy lag p50 ~100 -> 32 versions; AVX2 EPYC in fp32, "
+        "against 2 OpenMP threads 0.77-1.49x over 11 rounds, median 0.99x; 2-core AMX Xeon in bf16, 1 shard "
+        "(with the preset's 6 slots) against 2 (with 9) 1.075x over 5 rounds, the learner's CPU per env step "
+        "0.88x: both cores stay busy either way there, and the second shard costs CPU (bench/README, stop 76).")
     learner_split: Literal["auto", "rows", "weight_grads"] = opt(
         "auto", "How learner_shards' threads share a minibatch of single samples. rows: each takes a piece of its "
         "samples (fastrl.algo.shards), and each piece pays a CNN call's fixed cost. weight_grads: the whole "

@@ -9,7 +9,8 @@ process. Each line gives the tree's total and each process's share, by its title
 
 At the end it judges the samples after the warm-up: the medians of the first and last fifth,
 the least-squares slope in MiB per hour over all of them and over their second half, and the
-largest rise between two samples and which process made it. The second-half slope is there
+largest rise between two samples and which process made it, leaving out the last samples if they
+caught the run shutting down (a worker already gone). The second-half slope is there
 because a one-off step (an allocator arena, a cache filled once) makes the whole-run slope read
 as growth that stops; a leak rises in both halves.
 """
@@ -59,8 +60,17 @@ def slope_mib_per_hour(times_s: list[float], totals_mib: list[float]) -> float:
 
 
 def judge_growth(samples: list[tuple[float, dict[str, float]]], warmup_s: float) -> dict | None:
-    """Summary of the samples taken at or after warmup_s; None with fewer than 5 of them."""
+    """Summary of the samples taken at or after warmup_s, less the run's shutdown; None with fewer than 5.
+
+    The shutdown: trailing samples that lack a process every earlier judged sample had. The watch samples
+    until the runner exits, so its last sample can catch the workers already gone (stop 76's flat 30-minute
+    run, 781 MiB throughout, read a second-half slope of -602 MiB/hour from one such sample). Left in, such
+    a drop would pull the slope down and could hide a leak's rise."""
     judged = [(t, parts) for t, parts in samples if t >= warmup_s]
+    shutdown = 0
+    while len(judged) > 1 and not set(judged[0][1]) <= set(judged[-1][1]):
+        judged.pop()
+        shutdown += 1
     if len(judged) < 5:
         return None
     times = [t for t, _ in judged]
@@ -78,6 +88,7 @@ def judge_growth(samples: list[tuple[float, dict[str, float]]], warmup_s: float)
     labels = sorted({label for _, parts in judged for label in parts})
     return {
         "judged_s": times[-1] - times[0],
+        "shutdown_samples_left_out": shutdown,
         "first_fifth_mib": statistics.median(totals[:fifth]),
         "last_fifth_mib": statistics.median(totals[-fifth:]),
         "peak_mib": max(totals),
@@ -101,6 +112,8 @@ def report(summary: dict) -> str:
         f"slope {summary['slope_mib_per_hour']:+.1f} MiB/hour "
         f"(second half {summary['second_half_slope_mib_per_hour']:+.1f})"
     ]
+    if summary.get("shutdown_samples_left_out"):
+        lines.append(f"left out: the last {summary['shutdown_samples_left_out']} sample(s), taken as the run shut down")
     if summary["largest_rise_by"] is not None:
         lines.append(f"largest rise between two samples: {summary['largest_rise_mib']:+.1f} MiB at "
                      f"{summary['largest_rise_at_s']:.0f} s, mostly {summary['largest_rise_by']}")

@@ -44,6 +44,23 @@ def test_a_steady_leak_rises_in_both_halves():
     assert "second half +36.0" in memory_watch.report(summary)
 
 
+def _shutting_down(samples):
+    """samples, then the run's last one caught with only the runner and the inference worker left."""
+    t = samples[-1][0] + 20.0
+    return [*samples, (t, {"runner": 35.0, "inference-0": 120.0})]
+
+
+def test_the_last_samples_of_a_run_shutting_down_are_left_out():
+    summary = memory_watch.judge_growth(_shutting_down(_samples(lambda t: 440.0)), warmup_s=120)
+    assert summary["shutdown_samples_left_out"] == 1
+    assert summary["second_half_slope_mib_per_hour"] == pytest.approx(0.0, abs=1e-6)
+    assert summary["judged_s"] == pytest.approx(1800 - 120)
+    # a leak still reads as one with its shutdown sample (which, kept, would pull the slope below 0)
+    leak = memory_watch.judge_growth(_shutting_down(_samples(lambda t: 440.0 + 0.01 * t)), warmup_s=120)
+    assert leak["second_half_slope_mib_per_hour"] == pytest.approx(36.0)
+    assert memory_watch.judge_growth(_samples(lambda t: 440.0), warmup_s=120)["shutdown_samples_left_out"] == 0
+
+
 def test_too_few_samples_after_the_warm_up_are_not_judged():
     assert memory_watch.judge_growth(_samples(lambda t: 440.0, until_s=190), warmup_s=120) is None  # 4 samples: 120-180 s
 

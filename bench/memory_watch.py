@@ -62,13 +62,15 @@ def slope_mib_per_hour(times_s: list[float], totals_mib: list[float]) -> float:
 def judge_growth(samples: list[tuple[float, dict[str, float]]], warmup_s: float) -> dict | None:
     """Summary of the samples taken at or after warmup_s, less the run's shutdown; None with fewer than 5.
 
-    The shutdown: trailing samples that lack a process every earlier judged sample had. The watch samples
-    until the runner exits, so its last sample can catch the workers already gone (stop 76's flat 30-minute
-    run, 781 MiB throughout, read a second-half slope of -602 MiB/hour from one such sample). Left in, such
-    a drop would pull the slope down and could hide a leak's rise."""
+    The shutdown: trailing samples that lack a process every sample of the first half had (a child seen
+    only now and then, say a shell, sets no such bar). The watch samples until the runner exits, so its last
+    sample can catch the workers already gone (stop 76's flat 30-minute run, 781 MiB throughout, read a
+    second-half slope of -602 MiB/hour from one such sample). Left in, such a drop would pull the slope down
+    and could hide a leak's rise."""
     judged = [(t, parts) for t, parts in samples if t >= warmup_s]
+    steady = set.intersection(*(set(parts) for _, parts in judged[:max(1, len(judged) // 2)])) if judged else set()
     shutdown = 0
-    while len(judged) > 1 and not set(judged[0][1]) <= set(judged[-1][1]):
+    while len(judged) > 1 and not steady <= set(judged[-1][1]):
         judged.pop()
         shutdown += 1
     if len(judged) < 5:

@@ -59,6 +59,11 @@ def test_the_last_samples_of_a_run_shutting_down_are_left_out():
     leak = memory_watch.judge_growth(_shutting_down(_samples(lambda t: 440.0 + 0.01 * t)), warmup_s=120)
     assert leak["second_half_slope_mib_per_hour"] == pytest.approx(36.0)
     assert memory_watch.judge_growth(_samples(lambda t: 440.0), warmup_s=120)["shutdown_samples_left_out"] == 0
+    # a child seen only in the first judged sample (a shell, say) is not a worker the run lost
+    transient = _samples(lambda t: 440.0)
+    first_judged = next(i for i, (t, _) in enumerate(transient) if t >= 120)
+    transient[first_judged][1]["sh"] = 0.4
+    assert memory_watch.judge_growth(transient, warmup_s=120)["shutdown_samples_left_out"] == 0
 
 
 def test_too_few_samples_after_the_warm_up_are_not_judged():

@@ -52,6 +52,12 @@ def native_bf16(device: str, flags: set[str] | None = None) -> bool:
     return bool(probe and probe())
 
 
+def has_amx(flags: set[str] | None = None) -> bool:
+    """Whether the CPU has AMX's bf16 tiles (`flags`: cpu_flags(), read here when None)."""
+    flags = cpu_flags() if flags is None else flags
+    return flags is not None and "amx_bf16" in flags
+
+
 def resolve_precision(precision: str, device: str, flags: set[str] | None = None) -> str:
     """`auto` becomes bf16 where the device has native bf16, else fp32; fp32 and bf16 stay."""
     if precision != "auto":
@@ -64,9 +70,7 @@ def resolve_first_conv(first_conv: str, precision: str, device: str, flags: set[
     where it was measured faster, bf16 on an AMX CPU; strided elsewhere."""
     if first_conv != "auto":
         return first_conv
-    flags = cpu_flags() if flags is None else flags
-    amx = flags is not None and "amx_bf16" in flags
-    return "space_to_depth" if device == "cpu" and precision == "bf16" and amx else "strided"
+    return "space_to_depth" if device == "cpu" and precision == "bf16" and has_amx(flags) else "strided"
 
 
 def with_precision(cfg: Config, precision: str) -> Config:
@@ -90,9 +94,7 @@ def resolve_learner_shards(learner_shards: int | str, precision: str, device: st
     shardable = minibatch_unit == "samples" and learner_threads in ("auto", 1)
     if not (device == "cpu" and precision == "bf16" and cores >= 2 and shardable):
         return 1
-    flags = cpu_flags() if flags is None else flags
-    amx = flags is not None and "amx_bf16" in flags
-    return 1 if amx and cores <= 2 else 2
+    return 1 if has_amx(flags) and cores <= 2 else 2
 
 
 def resolve_learner_threads(learner_threads: int | str, precision: str, device: str,

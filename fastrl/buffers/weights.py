@@ -153,10 +153,7 @@ class SharedWeights:
         return dict(self.__dict__, _tensors=None, _plan=None, _acting_view=None)
 
     def layout_tensors(self, module: torch.nn.Module) -> list:
-        """`module`'s live tensors in the layout's order."""
-        return self._tensors_of(module)
-
-    def _tensors_of(self, module: torch.nn.Module) -> list:
+        """`module`'s live tensors in the layout's order (the lookup kept for the module last seen)."""
         if self._tensors is None or self._tensors.module is not module:
             self._tensors = LayoutTensors(module, self.layout)
         return self._tensors.tensors()
@@ -255,7 +252,7 @@ class SharedWeights:
         where there is one. `acting_tensors` (the learner's training versions, where the acting block
         exists): the layout's tensors already in bf16, written into the acting block alone."""
         if self.acting is not None:
-            self._publish_acting(acting_tensors or self._tensors_of(module), version)
+            self._publish_acting(acting_tensors or self.layout_tensors(module), version)
             if acting_tensors is not None:
                 return
         self._publish_float32(module, version)
@@ -282,7 +279,7 @@ class SharedWeights:
         import torch
 
         h = self.header.array
-        tensors = self._tensors_of(module)
+        tensors = self.layout_tensors(module)
         if self._plan is None or not self._plan.matches(tensors):
             self._plan = PublishPlan(tensors, self.data.array)
         h[0] += 1  # odd: write in progress
@@ -350,7 +347,7 @@ class SharedWeights:
         import torch
 
         with torch.no_grad():
-            for t, (_, shape, offset) in zip(self._tensors_of(module), self.layout):
+            for t, (_, shape, offset) in zip(self.layout_tensors(module), self.layout):
                 t.copy_(staging[offset:offset + t.numel()].view(shape))
 
     def new_staging(self) -> torch.Tensor:

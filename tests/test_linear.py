@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastrl.models.linear import WeightLeftLinear, weight_left_pays
+from fastrl.models.linear import WeightLeftLinear, bf16_linear_in_fp32, weight_left_pays
 
 
 def layer_and_twin(dtype: torch.dtype, in_dim: int = 96, out_dim: int = 40):
@@ -67,3 +67,43 @@ def test_a_weight_left_layer_loads_an_nn_linear_state_dict_and_back():
     other = nn.Linear(96, 40)
     other.load_state_dict(layer.state_dict())
     assert torch.equal(other.weight, layer.weight)
+
+
+def bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in units of the last place of bf16 at the larger of the two magnitudes."""
+    a, b = a.float(), b.float()
+    scale = torch.maximum(a.abs(), b.abs()).clamp_min(torch.finfo(torch.bfloat16).tiny)
+    ulp = torch.exp2(torch.floor(torch.log2(scale)) - 7)
+    return (a - b).abs() / ulp
+
+
+@pytest.mark.parametrize("rows,weights_dtype", [(1, torch.bfloat16), (16, torch.bfloat16), (64, torch.bfloat16),
+                                                (32, torch.float32)])
+def test_bf16_linear_in_fp32_is_autocasts_bf16_linear_forward_and_backward(rows, weights_dtype):
+    """The heads' fp32 product of bf16 values, rounded to bf16, against autocast's own bf16 call: the same
+    outputs and gradients but for the order of the fp32 sums (at most one bf16 place, and rarely), each
+    gradient in its leaf's dtype."""
+    torch.manual_seed(rows)
+    w = (torch.randn(7, 512) * 0.05).to(weights_dtype).requires_grad_()
+    b = (torch.randn(7) * 0.1).to(weights_dtype).requires_grad_()
+    x = torch.randn(rows, 512).bfloat16().requires_grad_()
+    g = torch.randn(rows, 7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = torch.nn.functional.linear(x, w, b)
+    want_grads = torch.autograd.grad((want.float() * g).sum(), (x, w, b))
+    got = bf16_linear_in_fp32(x, w, b)
+    got_grads = torch.autograd.grad((got.float() * g).sum(), (x, w, b))
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    for a, e in ((got, want), *zip(got_grads, want_grads)):
+        assert a.dtype == e.dtype
+        ulps = bf16_ulps(a, e)
+        assert ulps.max() <= 1.0 and (ulps > 0).float().mean() < 0.02
+
+
+def test_bf16_linear_in_fp32_rounds_an_fp32_input_as_autocast_does():
+    """An fp32 value that bf16 cannot hold is rounded before the product, not multiplied in full."""
+    x = torch.tensor([[1.0 + 2.0 ** -10]])  # rounds to 1.0 in bf16; unrounded, x - 1 would be 2^-10
+    w, b = torch.ones(1, 1), -torch.ones(1)
+    assert bf16_linear_in_fp32(x, w, b).item() == 0.0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.nn.functional.linear(x, w, b).item() == 0.0

@@ -122,3 +122,26 @@ def test_channels_last_is_for_the_cnn_only_and_keeps_its_outputs():
     weights = [p.data_ptr() for p in mlp.parameters()]
     mlp.use_channels_last()
     assert [p.data_ptr() for p in mlp.parameters()] == weights
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_bf16_networks_heads_are_fp32_products_of_bf16_values(monkeypatch, shared):
+    """The heads after a bf16 CNN run as fastrl.models.linear.bf16_linear_in_fp32 (one call each), their
+    outputs within a bf16 place of autocast's own head calls; an fp32 network's heads are its layers'."""
+    from fastrl.models import actor_critic
+    from test_linear import bf16_ulps
+    calls = []
+    real = actor_critic.bf16_linear_in_fp32
+    monkeypatch.setattr(actor_critic, "bf16_linear_in_fp32", lambda *a: calls.append(1) or real(*a))
+    fp32, bf16 = _pair(PONG, encoder="nature_cnn", hidden_sizes=[64], activation="relu", shared_encoder=shared)
+    h = torch.randn(16, 64).bfloat16()
+    h_v = h if shared else torch.randn(16, 64).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        params, values = bf16.heads(h, h_v)
+        want = bf16.policy_head(h), bf16.value_head(h_v).squeeze(-1)
+    assert len(calls) == 2
+    for got, expected in zip((params, values), want):
+        assert got.dtype == expected.dtype == torch.bfloat16 and got.shape == expected.shape
+        assert bf16_ulps(got, expected).max() <= 1.0
+    params, values = fp32.heads(h.float(), h_v.float())
+    assert len(calls) == 2 and torch.equal(params, fp32.policy_head(h.float()))

@@ -15,7 +15,7 @@ from fastrl.models.activations import Tanh
 from fastrl.models.conv_relu import conv_layer_relu, fuses, relu_follows
 from fastrl.models.frames import UINT8_SCALE, frames_to_input
 from fastrl.models import native_mlp
-from fastrl.models.linear import WeightLeftLinear
+from fastrl.models.linear import WeightLeftLinear, bf16_linear_in_fp32
 from fastrl.models.normalizer import ObsNormalizer
 from fastrl.models.numpy_policy import MASKED_LOGIT
 from fastrl.models.space_to_depth import SpaceToDepthConv2d, tiles
@@ -159,8 +159,21 @@ class ActorCritic(nn.Module):
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             h = self.actor_encoder(x)
             h_v = h if self.critic_encoder is None else self.critic_encoder(x)
-            params, values = self.policy_head(h), self.value_head(h_v).squeeze(-1)
+            params, values = self.heads(h, h_v)
         return self._masked(params.float(), obs), values.float()
+
+    def heads(self, h: torch.Tensor, h_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy head on the actor's features `h` and the value head on the critic's `h_v` (the same
+        tensor with a shared encoder): (params, values), in bf16 where the network computes in bf16.
+        A bf16 network on the CPU runs each head as an fp32 product of the bf16 values, rounded to bf16
+        as autocast's is (fastrl.models.linear.bf16_linear_in_fp32): oneDNN's bf16 calls cost more to set
+        up than these 512 x 6 and 512 x 1 products. Each head keeps its own product (and so its own
+        rounding of the features' gradient), as autocast's two calls do."""
+        if not (self.bf16 and h.device.type == "cpu"):
+            return self.policy_head(h), self.value_head(h_v).squeeze(-1)
+        p, v = self.policy_head, self.value_head
+        with torch.autocast("cpu", enabled=False):
+            return bf16_linear_in_fp32(h, p.weight, p.bias), bf16_linear_in_fp32(h_v, v.weight, v.bias).squeeze(-1)
 
     def _masked(self, logits: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """The logits with the actions the observation's action mask forbids set to MASKED_LOGIT: their

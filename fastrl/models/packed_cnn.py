@@ -102,8 +102,8 @@ class PackedForward:
         x = frames_to_input(enc.as_nchw(obs), self.input_dtype, True, enc.input_scale, enc.input_block)
         h = self.actor(x)
         h_v = h if self.critic is None else self.critic(x)
-        # the heads' weights share the layers' dtype (bf16 in a bf16 network), as under autocast
-        return m.policy_head(h).float(), m.value_head(h_v).squeeze(-1).float()
+        params, values = m.heads(h, h_v)  # the eager network's own heads
+        return params.float(), values.float()
 
 
 def packed_forward(model: ActorCritic, obs_shape: tuple, batch_hint: int) -> PackedForward | None:

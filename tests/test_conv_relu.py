@@ -115,11 +115,37 @@ def test_the_cnn_fuses_without_autograd_and_gives_the_unfused_outputs(monkeypatc
         assert torch.equal(a, b)
 
 
-def test_with_autograd_the_cnn_runs_its_layers_unfused(monkeypatch):
-    model = seeded_model(TINY_FRAMES, ModelConfig(encoder="nature_cnn", precision="bf16"), seed=2)
-    calls = _counting(monkeypatch)
-    params, _ = model(torch.zeros((2, *TINY_FRAMES.obs_shape), dtype=torch.uint8))
-    assert calls == [] and params.requires_grad
+@pytest.mark.parametrize("precision,first_conv", [("bf16", "space_to_depth"), ("bf16", "strided"), ("fp32", "strided")])
+def test_with_autograd_the_cnn_fuses_and_gives_the_unfused_outputs_and_gradients(monkeypatch, precision, first_conv):
+    """The learner's plain backward (learner_split rows): each conv and its ReLU one fused call forward, the
+    ReLU's gradient by fastrl_ext, and the outputs and every parameter's gradient autograd's own for the
+    unfused layers, bit for bit."""
+    model = seeded_model(TINY_FRAMES, ModelConfig(encoder="nature_cnn", precision=precision, first_conv=first_conv),
+                         seed=2)
+    model.hold_layer_weights_in_bf16()  # as the learner's bf16 working copy holds them
+    model.use_channels_last()
+    gen = torch.Generator().manual_seed(1)
+    obs = torch.randint(0, 256, (6, *TINY_FRAMES.obs_shape), dtype=torch.uint8, generator=gen)
+    weights = torch.randn(6, TINY_FRAMES.num_actions, generator=gen)
+    fused_calls = []
+    real_op = conv_relu_module._fused_op
+    monkeypatch.setattr(conv_relu_module, "_fused_op", lambda *args: fused_calls.append(1) or real_op(*args))
+    native = _NativeCalls(conv_relu_module._native)
+    monkeypatch.setattr(conv_relu_module, "_native", native)
+
+    def outputs_and_gradients():
+        params, values = model(obs)
+        loss = (params * weights).sum() + values.square().sum()
+        return (params, values, *torch.autograd.grad(loss, list(model.parameters())))
+
+    fused = outputs_and_gradients()
+    assert len(fused_calls) == 6 and native.calls == 6  # two encoders' three convs, forward and backward
+    monkeypatch.setattr(conv_relu_module, "_checked", False)  # as where the op is missing: the plain layers
+    fused_calls.clear()
+    plain = outputs_and_gradients()
+    assert fused_calls == []
+    for a, b in zip(fused, plain):
+        assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_the_learners_wrapped_convs_take_their_relu_in_with_and_without_autograd():

@@ -12,7 +12,7 @@ from fastrl.config.hardware import resolve_first_conv, resolve_precision
 from fastrl.config.schema import ModelConfig
 from fastrl.envs.spec import EnvSpec
 from fastrl.models.activations import Tanh
-from fastrl.models.conv_relu import conv_layer_relu, fuses, relu_follows
+from fastrl.models.conv_relu import conv_layer_relu, conv_layer_relu_trained, fuses, relu_follows
 from fastrl.models.frames import UINT8_SCALE, frames_to_input
 from fastrl.models import native_mlp
 from fastrl.models.linear import WeightLeftLinear, bf16_linear_in_fp32
@@ -75,16 +75,18 @@ class NatureCNN(nn.Module):
         return self.fc(self._conv_stack(x))
 
     def _conv_stack(self, x: torch.Tensor) -> torch.Tensor:
-        """self.convs on x; without autograd each conv and the ReLU after it as one oneDNN call where that
-        applies (fastrl.models.conv_relu: the same outputs, one pass over each layer's output fewer)."""
+        """self.convs on x, each conv and the ReLU after it as one oneDNN call where that applies
+        (fastrl.models.conv_relu: the same outputs, one pass over each layer's output fewer; with autograd,
+        the same gradients, the ReLU's taken natively)."""
         layers = self.convs
-        if torch.is_grad_enabled() or not fuses(x, layers[0].weight, layers[0].bias):
+        if not fuses(x, layers[0].weight, layers[0].bias):
             return layers(x)
+        pair = conv_layer_relu_trained if torch.is_grad_enabled() else conv_layer_relu
         i = 0
         while i < len(layers):
             layer = layers[i]
             if relu_follows(layers, i):
-                x = conv_layer_relu(layer, x)
+                x = pair(layer, x)
                 i += 2
             else:
                 x = layer(x)

@@ -7,10 +7,11 @@ stores it (a post-op), through `torch.ops.mkldnn._convolution_pointwise`, the op
 inductor emits for a conv followed by ReLU. The conv is the same primitive on the same weights, so
 the outputs are the unfused ones bit for bit (tests/test_conv_relu.py; checked here on first use).
 
-Where it runs: a Nature CNN's forward without autograd (inference workers, evaluation), and the
-learner's split backward (fastrl.algo.split_backward), whose conv layers keep the ReLU's output for
-its backward. Under an autocast to another dtype, with autograd, off the CPU, or where the op is
-missing or disagrees, it is the plain conv and ReLU.
+Where it runs: a Nature CNN's forward without autograd (inference workers, evaluation), its forward with
+autograd (the learner: `conv_layer_relu_trained`, whose backward takes the ReLU's gradient natively and
+then the conv's in one call), and the learner's split backward (fastrl.algo.split_backward), whose conv
+layers keep the ReLU's output for its backward. Under an autocast to another dtype, off the CPU, or where
+the op is missing or disagrees, it is the plain conv and ReLU.
 
 That backward (`relu_backward`) runs in fastrl_ext (`_activations.relu_backward`): torch's
 `threshold_backward` turns each bf16 value into a float to compare and select, and in the learner,
@@ -85,6 +86,40 @@ def conv_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
 def _fused_op(*args) -> torch.Tensor:
     """The fused op itself (one name for tests to count its calls by)."""
     return torch.ops.mkldnn._convolution_pointwise(*args)
+
+
+class _ConvReLUFunction(torch.autograd.Function):
+    """relu(conv2d(...)) as the fused op forward, and backward the ReLU's gradient by `relu_backward` then the
+    conv's input, weight and bias gradients in one `convolution_backward`: the calls autograd makes for the
+    unfused pair, on the same tensors, so the gradients are its own bit for bit."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups):
+        out = _fused_op(x, weight, bias, list(padding), list(stride), list(dilation), groups, "relu", [], "")
+        ctx.save_for_backward(x, weight, out)
+        ctx.conv = (list(stride), list(padding), list(dilation), groups, bias is not None)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, out = ctx.saved_tensors
+        stride, padding, dilation, groups, has_bias = ctx.conv
+        grad = relu_backward(grad_out, out)
+        need = ctx.needs_input_grad
+        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad, x, weight, [weight.shape[0]] if has_bias else None, stride, padding, dilation, False, [0, 0],
+            groups, [need[0], need[1], has_bias and need[2]])
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def conv_layer_relu_trained(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """relu(conv(x)) with autograd for a conv module where `fuses` holds: the fused op forward (no pass of its
+    own for the ReLU), and its gradient by fastrl_ext's `relu_backward` (_ConvReLUFunction). The learner's
+    plain backward (system.learner_split=rows) took ~1.7 ms a Pong optimizer step in torch's ReLU and its
+    gradient (`clamp_min`, `threshold_backward`: the third conv's gradient arrives in another memory layout
+    than its output's), of ~15 (AMX Xeon, torch.profiler, stop 77)."""
+    weight, stride = conv_weight_and_stride(conv, conv.weight)
+    return _ConvReLUFunction.apply(x, weight, conv.bias, stride, conv.padding, conv.dilation, conv.groups)
 
 
 def relu_follows(layers: nn.Sequential, i: int) -> bool:

@@ -9,6 +9,10 @@ the layer's CPU time against `F.linear` at 16 / 32 / 48 / 64 rows 0.68 / 0.81 / 
 17, 20 or 33 rows 1.07-1.16x and in fp32 1.0-1.7x. So the weight goes left only in bf16 at those
 batches (on the CPU; the GPU's matmuls were not measured). The Pong inference worker's batches are
 splits of 16, its learner's minibatches 64 rows (32-row pieces with system.learner_split=rows).
+
+`bf16_linear_in_fp32` is the other way round for the narrow products after the hidden layer (the policy
+and value heads): autocast's bf16 linear computed as an fp32 product, where oneDNN's bf16 call costs more to
+set up than the product itself.
 """
 
 from __future__ import annotations

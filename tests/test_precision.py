@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from fastrl.config.schema import ModelConfig
-from fastrl.models import ActorCritic
+from fastrl.models import ActorCritic, actor_critic
 from helpers import HALFCHEETAH as CHEETAH, PONG
+from test_linear import bf16_ulps
 
 
 def _pair(spec, **model):
@@ -128,8 +129,6 @@ def test_channels_last_is_for_the_cnn_only_and_keeps_its_outputs():
 def test_a_bf16_networks_heads_are_fp32_products_of_bf16_values(monkeypatch, shared):
     """The heads after a bf16 CNN run as fastrl.models.linear.bf16_linear_in_fp32 (one call each), their
     outputs within a bf16 place of autocast's own head calls; an fp32 network's heads are its layers'."""
-    from fastrl.models import actor_critic
-    from test_linear import bf16_ulps
     calls = []
     real = actor_critic.bf16_linear_in_fp32
     monkeypatch.setattr(actor_critic, "bf16_linear_in_fp32", lambda *a: calls.append(1) or real(*a))

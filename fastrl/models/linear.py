@@ -54,10 +54,11 @@ def bf16_linear_in_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     """`F.linear(x, weight, bias)` as CPU autocast runs it in bf16 -- the inputs rounded to bf16, the
     products summed in fp32, the output rounded to bf16 -- but computed as an fp32 product of the rounded
     values, for the narrow heads after the hidden layer. oneDNN's bf16 kernels pay a fixed ~20-40 µs a
-    call to set up (AMX Xeon, 1 thread), which for a 512 x 7 product is nearly all of it: the policy and
-    value heads took 81 µs at batch 16 in bf16 and 14 µs this way, bit for bit the same outputs
-    (scratch timing, stop 77). Autograd differentiates the casts and the fp32 addmm, so the gradients
-    are rounded where autocast's bf16 products would round them. Call it with autocast off."""
+    call to set up (AMX Xeon, 1 thread), which for a 512 x 6 or 512 x 1 product is nearly all of it: Pong's
+    two heads took 81 µs at batch 16 as bf16 calls, 14 µs as one fp32 product of both, and ~40-55 as
+    ActorCritic.heads runs them, one each with its casts (scratch timings, stop 77). The outputs are
+    autocast's but for the order of the fp32 sums. Autograd differentiates the casts and the fp32 addmm,
+    so the gradients are rounded where autocast's bf16 products would round them. Call it with autocast off."""
     def rounded(t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.bfloat16).float()
 

@@ -89,13 +89,13 @@ def _fused_op(*args) -> torch.Tensor:
 
 
 class _ConvReLUFunction(torch.autograd.Function):
-    """relu(conv2d(...)) as the fused op forward, and backward the ReLU's gradient by `relu_backward` then the
-    conv's input, weight and bias gradients in one `convolution_backward`: the calls autograd makes for the
-    unfused pair, on the same tensors, so the gradients are its own bit for bit."""
+    """relu(conv2d(...)) forward by `conv_relu` (the fused op), and backward the ReLU's gradient by
+    `relu_backward` then the conv's input, weight and bias gradients in one `convolution_backward`: the calls
+    autograd makes for the unfused pair, on the same tensors, so the gradients are its own bit for bit."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, stride, padding, dilation, groups):
-        out = _fused_op(x, weight, bias, list(padding), list(stride), list(dilation), groups, "relu", [], "")
+        out = conv_relu(x, weight, bias, stride, padding, dilation, groups)
         ctx.save_for_backward(x, weight, out)
         ctx.conv = (list(stride), list(padding), list(dilation), groups, bias is not None)
         return out

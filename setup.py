@@ -51,5 +51,8 @@ setup(
         # fused multiply-adds, so that the sums round as OpenCV's do in envpool (bit for bit)
         native_module("atari_frames", [*LEARNER_HEADERS, ISA], optimize="-O3", flags=["-ffp-contract=off"]),
         native_module("rollout", [*LEARNER_HEADERS, RECORD_CORE, ACTING_API], flags=["-ffp-contract=off"]),
+        # a bf16 conv's weight and bias gradients on AMX tiles, for the learner (fastrl.models.conv_weight_grad);
+        # GCC 12 warns of the undefined pass-through operand inside its own AVX-512 shift intrinsics
+        native_module("conv_grad", LEARNER_HEADERS, optimize="-O3", flags=["-Wno-maybe-uninitialized"]),
     ],
 )

@@ -56,15 +56,19 @@ one call each; `ActorCritic.log_prob` and `entropy` through torch's autograd are
 `_atari_frames`: an Atari frame's area-average resize (OpenCV's INTER_AREA, which envpool runs, bit for bit)
 and the frame stack, for rollout workers that take envpool's raw 210x160 frames; envpool's own 84x84 stacks
 are the reference (tests/test_atari_frames.py). Used by `fastrl.envs.atari_frames` (`env.atari_frames`).
+
+`_conv_grad`: a bf16 conv's weight and bias gradients as one product on the AMX tiles of Intel CPUs that
+have them, for the learner's backward; a float64 reference and oneDNN's `convolution_backward` are what
+it is held to (tests/test_conv_weight_grad.py). Used by `fastrl.models.conv_weight_grad`.
 """
 
 try:
-    from fastrl_ext import _acting, _activations, _atari_frames, _appo_loss, _frames, _mlp, _optim, _policy_head, _record, _rings, _vtrace
+    from fastrl_ext import _acting, _activations, _atari_frames, _appo_loss, _conv_grad, _frames, _mlp, _optim, _policy_head, _record, _rings, _vtrace
     from fastrl_ext import _rollout  # after _acting, whose capsule it imports
 except ImportError as err:  # not built (no compiler at install time): the Python paths still work
-    _acting = _activations = _atari_frames = _appo_loss = _frames = _mlp = _optim = _policy_head = _record = _rings = _rollout = _vtrace = None
+    _acting = _activations = _atari_frames = _appo_loss = _conv_grad = _frames = _mlp = _optim = _policy_head = _record = _rings = _rollout = _vtrace = None
     BUILD_ERROR = str(err)
 else:
     BUILD_ERROR = ""
 
-__all__ = ["_acting", "_activations", "_atari_frames", "_appo_loss", "_frames", "_mlp", "_optim", "_policy_head", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]
+__all__ = ["_acting", "_activations", "_atari_frames", "_appo_loss", "_conv_grad", "_frames", "_mlp", "_optim", "_policy_head", "_record", "_rings", "_rollout", "_vtrace", "BUILD_ERROR"]

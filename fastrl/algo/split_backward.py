@@ -29,6 +29,7 @@ from torch import nn
 from fastrl.algo.shards import ran_here
 from fastrl.models.actor_critic import NatureCNN
 from fastrl.models.conv_relu import conv_layer_relu, conv_relu, relu_backward, relu_follows
+from fastrl.models.conv_weight_grad import weight_and_bias_grad
 from fastrl.models.linear import linear
 from fastrl.models.space_to_depth import conv_weight_and_stride, parameter_grad
 
@@ -75,9 +76,10 @@ class WeightGradThread:
 
 class _ConvWeightGradLater(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, anchor, weight, bias, conv: nn.Conv2d, thread: WeightGradThread, relu: bool):
+    def forward(ctx, x, anchor, weight, bias, conv: nn.Conv2d, thread: WeightGradThread, relu: bool,
+                native_weight_grad: bool):
         weight, stride = conv_weight_and_stride(conv, weight)  # a space-to-depth conv's: cut into tiles
-        ctx.conv, ctx.thread, ctx.stride, ctx.relu = conv, thread, stride, relu
+        ctx.conv, ctx.thread, ctx.stride, ctx.relu, ctx.native = conv, thread, stride, relu, native_weight_grad
         if not relu:
             ctx.save_for_backward(x, weight)
             return F.conv2d(x, weight, bias, stride, conv.padding, conv.dilation, conv.groups)
@@ -93,11 +95,12 @@ class _ConvWeightGradLater(torch.autograd.Function):
         if ctx.relu:  # what autograd's ReLU node runs (threshold_backward), on the same tensors
             grad_out = relu_backward(grad_out, relu_out[0])
         layout = (list(ctx.stride), list(conv.padding), list(conv.dilation), False, [0, 0], conv.groups)
-        bias_sizes = None if conv.bias is None else [weight.shape[0]]
 
-        def weight_grad():
-            _, grad_w, grad_b = torch.ops.aten.convolution_backward(
-                grad_out, x, weight, bias_sizes, *layout, [False, True, conv.bias is not None])
+        stride, native = ctx.stride, ctx.native
+
+        def weight_grad():  # fastrl_ext's AMX kernel where it applies (model.native_conv_grad), else torch's
+            grad_w, grad_b = weight_and_bias_grad(grad_out, x, weight, conv.bias is not None, stride, conv.padding,
+                                                  conv.dilation, conv.groups, native=native)
             return parameter_grad(conv, grad_w), grad_b
 
         grad_x = None
@@ -107,7 +110,7 @@ class _ConvWeightGradLater(torch.autograd.Function):
                 grad_out, x, weight, None, *layout, [True, False, False])[0]
         else:  # the first layer: nothing else to do here meanwhile
             thread.now(conv.weight, conv.bias, weight_grad)
-        return grad_x, torch.zeros(()), None, None, None, None, None
+        return grad_x, torch.zeros(()), None, None, None, None, None, None
 
 
 class _LinearWeightGradLater(torch.autograd.Function):
@@ -135,8 +138,9 @@ class WeightGradLater(nn.Module):
     gradients with the thread and never in `.grad`. `relu` (a conv only): the wrapper also applies the
     ReLU that followed the layer, in the conv's own call (fastrl.models.conv_relu)."""
 
-    def __init__(self, layer: nn.Module, thread: WeightGradThread, relu: bool = False):
+    def __init__(self, layer: nn.Module, thread: WeightGradThread, relu: bool = False, native_conv_grad: bool = True):
         super().__init__()
+        self.native_conv_grad = native_conv_grad  # a conv's weight gradient by fastrl.models.conv_weight_grad
         self.layer = layer
         self._fn = _ConvWeightGradLater if isinstance(layer, nn.Conv2d) else _LinearWeightGradLater
         if relu and self._fn is not _ConvWeightGradLater:
@@ -158,7 +162,8 @@ class WeightGradLater(nn.Module):
             return conv_layer_relu(layer, x) if self.relu else layer(x)
         bias = None if layer.bias is None else layer.bias.detach()
         if self._fn is _ConvWeightGradLater:
-            return self._fn.apply(x, self._thread.anchor, layer.weight.detach(), bias, layer, self._thread, self.relu)
+            return self._fn.apply(x, self._thread.anchor, layer.weight.detach(), bias, layer, self._thread, self.relu,
+                                  self.native_conv_grad)
         return self._fn.apply(x, self._thread.anchor, layer.weight.detach(), bias, layer, self._thread)
 
 
@@ -172,7 +177,7 @@ def wrap_cnn_layers(model: nn.Module, thread: WeightGradThread) -> int:
             for i, layer in enumerate(seq):
                 if isinstance(layer, (nn.Conv2d, nn.Linear)):
                     relu = relu_follows(seq, i)
-                    seq[i] = WeightGradLater(layer, thread, relu)
+                    seq[i] = WeightGradLater(layer, thread, relu, encoder.native_conv_grad)
                     if relu:
                         seq[i + 1] = nn.Identity()
                     wrapped += 1

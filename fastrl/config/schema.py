@@ -94,6 +94,13 @@ class ModelConfig:
         "system.learner_threads says; taken where the extension has its AVX2 or AVX-512 variant (on plain "
         "x86-64 torch's layers are faster). The learner's batch 1.2-1.3x faster on the CartPole and HalfCheetah "
         "presets (bench/mlp_microbench.py --learner). false runs torch's layers.")
+    native_conv_grad: bool = opt(
+        True, "In the learner, compute a bf16 Nature CNN's conv weight and bias gradients in fastrl_ext._conv_grad on "
+        "the CPU's AMX tiles (fastrl.models.conv_weight_grad), where the CPU has amx_bf16 and a conv's channel counts "
+        "are multiples of 32: each as one tiled product over the output positions instead of oneDNN's backward, "
+        "0.4x the time for Pong's second and third convs at a minibatch of 64 (bench/conv_grad_microbench.py). "
+        "float32 sums in another order, so a gradient may differ from torch's in its last bf16 place. false keeps "
+        "torch's convolution_backward everywhere; elsewhere (no AMX, fp32) it is torch's either way.")
 
 
 @dataclass

@@ -43,10 +43,11 @@ class NatureCNN(nn.Module):
     the frames are multiplied by (EnvSpec.image_scale: 1/255 for uint8)."""
 
     def __init__(self, chw: tuple, out_dim: int = 512, obs_channels_last: bool = False,
-                 input_scale: float = UINT8_SCALE, space_to_depth: bool = False):
+                 input_scale: float = UINT8_SCALE, space_to_depth: bool = False, native_conv_grad: bool = True):
         super().__init__()
         c, h, w = chw
         self.obs_channels_last, self.input_scale = obs_channels_last, input_scale
+        self.native_conv_grad = native_conv_grad  # model.native_conv_grad: the learner's conv weight gradients
         # model.first_conv: the first conv on 4x4 tiles of the frames (fastrl.models.space_to_depth), where they tile
         self.input_block = 4 if space_to_depth and tiles(chw, 8, 4) else 1
         first = SpaceToDepthConv2d(c, 32, 8, 4) if self.input_block > 1 else nn.Conv2d(c, 32, 8, stride=4)
@@ -81,12 +82,12 @@ class NatureCNN(nn.Module):
         layers = self.convs
         if not fuses(x, layers[0].weight, layers[0].bias):
             return layers(x)
-        pair = conv_layer_relu_trained if torch.is_grad_enabled() else conv_layer_relu
+        trained = torch.is_grad_enabled()
         i = 0
         while i < len(layers):
             layer = layers[i]
             if relu_follows(layers, i):
-                x = pair(layer, x)
+                x = conv_layer_relu_trained(layer, x, self.native_conv_grad) if trained else conv_layer_relu(layer, x)
                 i += 2
             else:
                 x = layer(x)
@@ -114,7 +115,7 @@ class ActorCritic(nn.Module):
             if encoder == "nature_cnn":
                 width = cfg.hidden_sizes[0] if cfg.hidden_sizes else 512
                 return NatureCNN(spec.image_chw, width, spec.obs_channels_last, spec.image_scale,
-                                 space_to_depth), width
+                                 space_to_depth, cfg.native_conv_grad), width
             return _mlp(int(math.prod(spec.obs_shape)), cfg.hidden_sizes, cfg.activation)
 
         self.actor_encoder, feat = make_encoder()

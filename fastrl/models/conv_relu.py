@@ -8,8 +8,8 @@ inductor emits for a conv followed by ReLU. The conv is the same primitive on th
 the outputs are the unfused ones bit for bit (tests/test_conv_relu.py; checked here on first use).
 
 Where it runs: a Nature CNN's forward without autograd (inference workers, evaluation), its forward with
-autograd (the learner: `conv_layer_relu_trained`, whose backward takes the ReLU's gradient natively and
-then the conv's in one call), and the learner's split backward (fastrl.algo.split_backward), whose conv
+autograd (the learner: `conv_layer_relu_trained`, whose backward takes the ReLU's gradient natively, then
+the conv's: its weight and bias gradients by fastrl.models.conv_weight_grad), and the learner's split backward (fastrl.algo.split_backward), whose conv
 layers keep the ReLU's output for its backward. Under an autocast to another dtype, off the CPU, or where
 the op is missing or disagrees, it is the plain conv and ReLU.
 
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastrl.algo.flat_params import memory_flat_array
+from fastrl.models.conv_weight_grad import native_applies, weight_and_bias_grad
 from fastrl.models.space_to_depth import conv_weight_and_stride
 from fastrl_ext import _activations as _native
 
@@ -90,36 +91,48 @@ def _fused_op(*args) -> torch.Tensor:
 
 class _ConvReLUFunction(torch.autograd.Function):
     """relu(conv2d(...)) forward by `conv_relu` (the fused op), and backward the ReLU's gradient by
-    `relu_backward` then the conv's input, weight and bias gradients in one `convolution_backward`: the calls
-    autograd makes for the unfused pair, on the same tensors, so the gradients are its own bit for bit."""
+    `relu_backward`, then the conv's: the input's by `convolution_backward`, the weight's and bias's by
+    fastrl.models.conv_weight_grad (AMX tiles where it applies and `native_weight_grad`, else the same
+    `convolution_backward` call, which then also gives the input's: the calls autograd makes for the
+    unfused pair, on the same tensors, so the gradients are its own bit for bit)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups):
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, native_weight_grad):
         out = conv_relu(x, weight, bias, stride, padding, dilation, groups)
         ctx.save_for_backward(x, weight, out)
-        ctx.conv = (list(stride), list(padding), list(dilation), groups, bias is not None)
+        ctx.conv = (list(stride), list(padding), list(dilation), groups, bias is not None, native_weight_grad)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight, out = ctx.saved_tensors
-        stride, padding, dilation, groups, has_bias = ctx.conv
+        stride, padding, dilation, groups, has_bias, native_weight_grad = ctx.conv
         grad = relu_backward(grad_out, out)
         need = ctx.needs_input_grad
-        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            grad, x, weight, [weight.shape[0]] if has_bias else None, stride, padding, dilation, False, [0, 0],
-            groups, [need[0], need[1], has_bias and need[2]])
-        return grad_x, grad_w, grad_b, None, None, None, None
+        bias_grad = has_bias and need[2]
+        if need[1] and native_weight_grad and native_applies(grad, x, weight, stride, padding, dilation, groups):
+            grad_w, grad_b = weight_and_bias_grad(grad, x, weight, bias_grad, stride, padding, dilation, groups)
+            grad_x = None
+            if need[0]:
+                grad_x = torch.ops.aten.convolution_backward(
+                    grad, x, weight, None, stride, padding, dilation, False, [0, 0], groups, [True, False, False])[0]
+        else:
+            grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+                grad, x, weight, [weight.shape[0]] if has_bias else None, stride, padding, dilation, False, [0, 0],
+                groups, [need[0], need[1], bias_grad])
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
-def conv_layer_relu_trained(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+def conv_layer_relu_trained(conv: nn.Conv2d, x: torch.Tensor, native_weight_grad: bool = True) -> torch.Tensor:
     """relu(conv(x)) with autograd for a conv module where `fuses` holds: the fused op forward (no pass of its
     own for the ReLU), and its gradient by fastrl_ext's `relu_backward` (_ConvReLUFunction). The learner's
     plain backward (system.learner_split=rows) took ~1.7 ms a Pong optimizer step in torch's ReLU and its
     gradient (`clamp_min`, `threshold_backward`: the third conv's gradient arrives in another memory layout
-    than its output's), of ~15 (AMX Xeon, torch.profiler, stop 77)."""
+    than its output's), of ~15 (AMX Xeon, torch.profiler, stop 77). `native_weight_grad`: the weight's and
+    bias's gradients by fastrl_ext's AMX kernel where it applies (model.native_conv_grad)."""
     weight, stride = conv_weight_and_stride(conv, conv.weight)
-    return _ConvReLUFunction.apply(x, weight, conv.bias, stride, conv.padding, conv.dilation, conv.groups)
+    return _ConvReLUFunction.apply(x, weight, conv.bias, stride, conv.padding, conv.dilation, conv.groups,
+                                   native_weight_grad)
 
 
 def relu_follows(layers: nn.Sequential, i: int) -> bool:

@@ -55,7 +55,7 @@ def microbench(rounds: int, seconds: float) -> None:
 
 def learner_ab(config: str, rounds: int, seconds: float) -> None:
     def choose(trainer):
-        encoders = [m for m in trainer.model.modules() if isinstance(m, NatureCNN)]
+        encoders = [m for m in trainer.net.modules() if isinstance(m, NatureCNN)]  # the network that trains (a bf16 copy)
         if len(encoders) != 1:
             raise SystemExit("--learner switches one Nature CNN's convs: a preset with shared_encoder true")
         return encoders[0], "native_conv_grad", {"onednn": False, "native": True}

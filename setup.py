@@ -53,6 +53,6 @@ setup(
         native_module("rollout", [*LEARNER_HEADERS, RECORD_CORE, ACTING_API], flags=["-ffp-contract=off"]),
         # a bf16 conv's weight and bias gradients on AMX tiles, for the learner (fastrl.models.conv_weight_grad);
         # GCC 12 warns of the undefined pass-through operand inside its own AVX-512 shift intrinsics
-        native_module("conv_grad", LEARNER_HEADERS, optimize="-O3", flags=["-Wno-maybe-uninitialized"]),
+        native_module("conv_grad", [*LEARNER_HEADERS, BF16], optimize="-O3", flags=["-Wno-maybe-uninitialized"]),
     ],
 )

@@ -18,6 +18,7 @@
 //       [N, OH, OW, OC], grad_weight [OC, KH, KW, C], grad_bias [OC] or None, all bf16 as int16 bits,
 //       C-contiguous (channels-last tensors' memory); an unpadded, undilated, ungrouped conv of this stride;
 //       C and OC multiples of 32. Writes grad_weight and grad_bias.
+#include "bf16.h"
 #include "buffer_view.h"
 
 #include <cstdint>
@@ -209,7 +210,7 @@ FASTRL_TARGET_AVX512BW void pack_columns(const uint16_t* x, const int64_t* offse
     }
 }
 
-// float32 -> bf16 bits, to nearest even, a NaN a quiet NaN (bf16.h's rounding, 16 at a time)
+// float32 -> bf16 bits, to nearest even, a NaN a quiet NaN: bf16.h's bf16_bits, 16 at a time
 FASTRL_TARGET_AVX512BW void round_to_bf16(const float* src, uint16_t* dst, int64_t count) {
     const __m512i round_bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
     const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
@@ -223,12 +224,7 @@ FASTRL_TARGET_AVX512BW void round_to_bf16(const float* src, uint16_t* dst, int64
         r = _mm512_mask_mov_epi32(r, nan, quiet_nan);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_maskz_cvtepi32_epi16(0xFFFF, r));
     }
-    for (; i < count; ++i) {
-        uint32_t u;
-        std::memcpy(&u, src + i, sizeof u);
-        const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-        dst[i] = static_cast<uint16_t>(nan ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-    }
+    for (; i < count; ++i) dst[i] = fastrl_ext::bf16_bits(src[i]);
 }
 
 // sums[:, c0:c0+32] += dY^T's block of positions x its 32 packed columns, in 2 x 2 tiles of 16 x 16 float32 sums

@@ -4,7 +4,7 @@ torch's CPU backward of a conv (`convolution_backward`, oneDNN) took 1.2-1.3 ms 
 Pong's second conv at a minibatch of 64 on the AMX Xeon, and 0.8-0.9 for the third's: more than twice the
 time oneDNN's forward takes for the same products. `fastrl_ext._conv_grad.weight_grad` runs each as one tiled
 product over the output positions (the gradient transposed on the left, the input's patches in the
-position pairs a bf16 tile product wants on the right), built a block of 256 positions at a time in L1:
+position pairs a bf16 tile product wants on the right), built a block of 128 positions at a time in L1:
 0.50 and 0.30 ms (`python bench/conv_grad_microbench.py`; bench/README, stop 78). The sums are float32 in
 another order than oneDNN's, rounded once to bf16, so a gradient may differ from torch's in its last bf16
 place (tests/test_conv_weight_grad.py holds both to a float64 reference). The input gradient stays torch's.

@@ -44,7 +44,7 @@ using View = fastrl_ext::BufferView;
 constexpr int kTileRows = 16;    // every tile is 16 rows of 64 bytes
 constexpr int kKStep = 32;       // bf16 values of the sum per tile row
 constexpr int kBlock = 32;       // output channels and columns per tile pair
-constexpr int64_t kPositions = 128;  // positions per packed block: its patches stay in L2
+constexpr int64_t kPositions = 128;  // positions per block: its dY^T rows and each 32 columns' patches (8 KB) stay in L1
 
 struct Conv {
     int64_t n, h, w, c, oh, ow, oc, kh, kw, stride;
@@ -194,7 +194,7 @@ void window_offsets(const Conv& cv, int64_t p0, int64_t count, int64_t* offsets)
 
 // 32 columns of the block's patches (one (kh, kw) and 32 channels, at `column_offset` from each window's start) as
 // VNNI pairs: packed [count / 2][64], a pair row holding the two positions' values of each column side by side,
-// the first 16 columns then the next 16 (two B tiles, 128 bytes apart row to row); zeros past P. 16 KB for 256
+// the first 16 columns then the next 16 (two B tiles, 128 bytes apart row to row); zeros past P. 8 KB for 128
 // positions: it stays in L1 for the products that read it.
 FASTRL_TARGET_AVX512BW void pack_columns(const uint16_t* x, const int64_t* offsets, int64_t count, int64_t column_offset,
                                          uint16_t* packed) {
